@@ -1,0 +1,39 @@
+# Two entry points, both safe on a fresh machine: each creates .venv on first use.
+#   make serve [MODEL=path/to/hf/folder]   set up, then serve the model (default: the bundled demo model)
+#   make test                              set up, then run the whole test suite
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+MODEL ?=
+SERVE_ARGS ?=
+
+.PHONY: setup serve test lint format soak clean
+
+setup: $(STAMP)
+
+# torch is installed first and pinned: on a CPU machine 2.13.0 is a local wheel, while an
+# unpinned torch would pull a multi-GB CUDA build.
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q torch==2.13.0
+	$(BIN)/python -m pip install -q -e '.[dev]'
+	touch $(STAMP)
+
+serve: $(STAMP)
+	$(BIN)/mmserve serve $(MODEL) $(SERVE_ARGS)
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q tests
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+format: $(STAMP)
+	$(BIN)/ruff format .
+	$(BIN)/ruff check --fix .
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache

@@ -1,0 +1,27 @@
+"""The only reader of MMSERVE_* environment variables.
+
+Every variable is read once, here, through a typed accessor; nothing else in the package calls
+os.environ for MMSERVE_* names, so the full list of knobs lives on one screen.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+
+def cache_dir() -> Path:
+    """MMSERVE_CACHE_DIR: where generated test checkpoints and other derived files are kept."""
+    default = Path.home() / ".cache" / "mmserve"
+    return Path(os.environ.get("MMSERVE_CACHE_DIR", default))
+
+
+def log_level() -> str:
+    """MMSERVE_LOG_LEVEL: default log level when no --log-level flag is given."""
+    return os.environ.get("MMSERVE_LOG_LEVEL", "info")
+
+
+def num_threads() -> int | None:
+    """MMSERVE_NUM_THREADS: torch intra-op threads in the engine process (None = torch's default)."""
+    value = os.environ.get("MMSERVE_NUM_THREADS")
+    return int(value) if value else None

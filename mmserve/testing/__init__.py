@@ -1,0 +1,1 @@
+"""Test fixtures the project makes for itself: a tokenizer and tiny real-architecture checkpoints."""
