@@ -1,0 +1,218 @@
+"""Frozen configuration slices. Each component is handed only the slice it needs.
+
+`ModelConfig` is read from a Hugging Face model folder; the others come from the CLI or the
+offline `LLM(...)` keyword arguments. Derived values are properties, never written back.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+_DTYPES = {
+    "float32": torch.float32,
+    "fp32": torch.float32,
+    "float": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+    "float16": torch.float16,
+    "fp16": torch.float16,
+    "half": torch.float16,
+}
+
+
+def parse_dtype(name: str | torch.dtype, default: torch.dtype) -> torch.dtype:
+    """'auto' → `default` (the checkpoint's dtype); otherwise a known dtype name."""
+    if isinstance(name, torch.dtype):
+        return name
+    if name == "auto":
+        return default
+    if name not in _DTYPES:
+        raise ValueError(f"unknown dtype {name!r}; choose one of auto, {', '.join(sorted(_DTYPES))}")
+    return _DTYPES[name]
+
+
+@dataclass(frozen=True)
+class VisionConfig:
+    """The vision tower of a Qwen2-VL-family model."""
+
+    family: str  # "qwen2_vl" | "qwen2_5_vl"
+    depth: int
+    dim: int  # width of the vision transformer (Qwen2-VL `embed_dim`, Qwen2.5-VL `hidden_size`)
+    num_heads: int
+    mlp_dim: int
+    out_dim: int  # width of the merged tokens = the language model's hidden size
+    hidden_act: str
+    patch_size: int
+    spatial_merge_size: int
+    temporal_patch_size: int
+    in_channels: int = 3
+    rope_theta: float = 10000.0
+    window_size: int = 0  # Qwen2.5-VL window attention (pixels); 0 = none
+    fullatt_block_indexes: tuple[int, ...] = ()
+
+    @property
+    def head_dim(self) -> int:
+        return self.dim // self.num_heads
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """What the model code needs to know about a checkpoint, plus the chosen dtype and length."""
+
+    path: Path
+    architecture: str
+    family: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    rms_norm_eps: float
+    rope_theta: float
+    mrope_section: tuple[int, int, int]
+    tie_word_embeddings: bool
+    image_token_id: int
+    vision_start_token_id: int
+    vision_end_token_id: int
+    vision: VisionConfig
+    dtype: torch.dtype
+    max_model_len: int
+    eos_token_ids: tuple[int, ...] = ()
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_heads
+
+    @classmethod
+    def from_pretrained(
+        cls, path: str | Path, dtype: str | torch.dtype = "auto", max_model_len: int | None = None
+    ) -> ModelConfig:
+        path = Path(path)
+        config_file = path / "config.json"
+        if not config_file.is_file():
+            raise FileNotFoundError(f"{path} is not a model folder: no config.json")
+        raw = json.loads(config_file.read_text())
+        # transformers 5 saves text fields under text_config; the hub releases keep them flat.
+        text = {**raw, **raw.get("text_config", {})}
+        family = raw.get("model_type", "")
+        if family not in ("qwen2_vl", "qwen2_5_vl"):
+            raise ValueError(f"unsupported model_type {family!r} in {config_file}")
+        rope = text.get("rope_scaling") or text.get("rope_parameters") or {}
+        checkpoint_dtype = parse_dtype(
+            text.get("torch_dtype") or text.get("dtype") or "float32", torch.float32
+        )
+        limit = int(text.get("max_position_embeddings", 32768))
+        if max_model_len is not None and max_model_len > limit:
+            raise ValueError(
+                f"max_model_len {max_model_len} exceeds the model's max_position_embeddings {limit}"
+            )
+        return cls(
+            path=path,
+            architecture=(raw.get("architectures") or ["?"])[0],
+            family=family,
+            vocab_size=int(text["vocab_size"]),
+            hidden_size=int(text["hidden_size"]),
+            intermediate_size=int(text["intermediate_size"]),
+            num_layers=int(text["num_hidden_layers"]),
+            num_heads=int(text["num_attention_heads"]),
+            num_kv_heads=int(text.get("num_key_value_heads") or text["num_attention_heads"]),
+            rms_norm_eps=float(text.get("rms_norm_eps", 1e-6)),
+            rope_theta=float(rope.get("rope_theta", text.get("rope_theta", 1000000.0))),
+            mrope_section=tuple(rope.get("mrope_section", (16, 24, 24))),
+            tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
+            image_token_id=int(raw["image_token_id"]),
+            vision_start_token_id=int(raw["vision_start_token_id"]),
+            vision_end_token_id=int(raw["vision_end_token_id"]),
+            vision=_vision_config(family, raw["vision_config"], int(text["hidden_size"])),
+            dtype=parse_dtype(dtype, checkpoint_dtype),
+            max_model_len=max_model_len or limit,
+            eos_token_ids=_eos_ids(path, text),
+        )
+
+
+def _vision_config(family: str, raw: dict, lm_hidden: int) -> VisionConfig:
+    common = dict(
+        family=family,
+        depth=int(raw["depth"]),
+        num_heads=int(raw["num_heads"]),
+        patch_size=int(raw.get("patch_size", raw.get("spatial_patch_size", 14))),
+        spatial_merge_size=int(raw.get("spatial_merge_size", 2)),
+        temporal_patch_size=int(raw.get("temporal_patch_size", 2)),
+        in_channels=int(raw.get("in_chans", raw.get("in_channels", 3))),
+    )
+    if family == "qwen2_vl":
+        dim = int(raw["embed_dim"])
+        return VisionConfig(
+            dim=dim,
+            mlp_dim=int(dim * raw.get("mlp_ratio", 4)),
+            out_dim=int(raw.get("hidden_size", lm_hidden)),
+            hidden_act=raw.get("hidden_act", "quick_gelu"),
+            **common,
+        )
+    return VisionConfig(
+        dim=int(raw["hidden_size"]),
+        mlp_dim=int(raw["intermediate_size"]),
+        out_dim=int(raw.get("out_hidden_size", lm_hidden)),
+        hidden_act=raw.get("hidden_act", "silu"),
+        window_size=int(raw.get("window_size", 112)),
+        fullatt_block_indexes=tuple(raw.get("fullatt_block_indexes", (7, 15, 23, 31))),
+        **common,
+    )
+
+
+def _eos_ids(path: Path, text: dict) -> tuple[int, ...]:
+    """EOS ids from generation_config.json (which may list several), else config.json."""
+    gen_file = path / "generation_config.json"
+    eos = json.loads(gen_file.read_text()).get("eos_token_id") if gen_file.is_file() else None
+    if eos is None:
+        eos = text.get("eos_token_id")
+    if eos is None:
+        return ()
+    return tuple(eos) if isinstance(eos, list) else (int(eos),)
+
+
+@dataclass(frozen=True)
+class CacheConfig:
+    """Paged KV cache. Either `num_blocks` or `kv_cache_memory_bytes` sizes it."""
+
+    block_size: int = 16
+    num_blocks: int | None = None
+    kv_cache_memory_bytes: int = 2 << 30
+    enable_prefix_caching: bool = True
+
+    def __post_init__(self) -> None:
+        if self.block_size <= 0 or self.block_size % 1:
+            raise ValueError(f"block_size must be a positive integer, got {self.block_size}")
+        if self.num_blocks is not None and self.num_blocks < 1:
+            raise ValueError(f"num_blocks must be ≥ 1, got {self.num_blocks}")
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    """Token budget per step and the encoder's own budget (both in tokens / embeddings)."""
+
+    max_num_seqs: int = 128
+    max_num_batched_tokens: int = 2048
+    max_model_len: int = 4096
+    long_prefill_token_threshold: int = 0  # 0 = no per-request cap beyond the step budget
+    encoder_compute_budget: int = 0  # embeddings encoded per step; 0 = derive (see EngineConfig)
+    encoder_cache_size: int = 0  # embeddings kept in the encoder cache; 0 = derive
+    max_waiting_requests: int = 0  # 0 = unbounded
+
+    def __post_init__(self) -> None:
+        if self.max_num_seqs < 1:
+            raise ValueError(f"max_num_seqs must be ≥ 1, got {self.max_num_seqs}")
+        if self.max_num_batched_tokens < 1:
+            raise ValueError(f"max_num_batched_tokens must be ≥ 1, got {self.max_num_batched_tokens}")
+
+
+@dataclass(frozen=True)
+class MultiModalConfig:
+    limit_per_prompt: dict[str, int] = field(default_factory=lambda: {"image": 8})
+    processor_cache_bytes: int = 1 << 30
+    preprocess_workers: int | None = None  # None = min(4, cpu count); 0 = in-process

@@ -1,0 +1,87 @@
+"""The contract between the scheduler and the model runner, in both directions.
+
+Each step the scheduler sends a `SchedulerOutput`: new requests in full (once), and for
+requests the runner already holds only what changed (new blocks, how far they have been
+computed). The runner answers with a `ModelRunnerOutput`: the tokens it sampled.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from mmserve.sampling_params import SamplingParams
+
+
+@dataclass
+class MultiModalFeature:
+    """One image of a request: where its placeholder tokens are and what to encode."""
+
+    mm_hash: str  # content id of the image (bytes + processor settings); keys every cache
+    offset: int  # index of the first placeholder token in the prompt
+    length: int  # number of placeholder tokens = number of embeddings
+    grid_thw: tuple[int, int, int]  # patch grid, as the processor made it
+    pixel_values: np.ndarray | None = None  # [num_patches, C·T·P·P] float32, until encoded
+
+
+@dataclass
+class NewRequestData:
+    """A request the runner does not hold yet (new, or resumed after preemption)."""
+
+    req_id: str
+    prompt_token_ids: list[int]
+    mm_features: list[MultiModalFeature]
+    sampling_params: SamplingParams
+    block_ids: list[int]
+    num_computed_tokens: int
+    output_token_ids: list[int] = field(default_factory=list)  # non-empty when resumed
+
+
+@dataclass
+class CachedRequestData:
+    """Diffs for requests the runner holds, in parallel lists."""
+
+    req_ids: list[str] = field(default_factory=list)
+    new_block_ids: list[list[int]] = field(default_factory=list)  # appended to the block table
+    num_computed_tokens: list[int] = field(default_factory=list)
+
+
+@dataclass
+class SchedulerOutput:
+    scheduled_new_reqs: list[NewRequestData]
+    scheduled_cached_reqs: CachedRequestData
+    num_scheduled_tokens: dict[str, int]  # the step's decision: request id → tokens to compute
+    total_num_scheduled_tokens: int
+    scheduled_encoder_inputs: dict[str, list[int]]  # request id → indices of mm_features to encode now
+    finished_req_ids: set[str]  # finished, aborted or preempted: the runner drops their state
+    free_encoder_mm_hashes: list[str]  # embeddings the runner may drop from its encoder cache
+
+    @classmethod
+    def empty(cls) -> SchedulerOutput:
+        return cls([], CachedRequestData(), {}, 0, {}, set(), [])
+
+
+@dataclass
+class LogprobsLists:
+    """Per sampled row: token ids ([sampled, top-1, ..., top-k]), their logprobs, sampled rank."""
+
+    token_ids: list[list[int]]
+    logprobs: list[list[float]]
+    sampled_ranks: list[int]
+
+
+@dataclass
+class ModelRunnerOutput:
+    """Tokens sampled this step; a request mid-prefill has an empty list."""
+
+    req_ids: list[str]
+    sampled_token_ids: list[list[int]]
+    logprobs: dict[str, LogprobsLists] = field(default_factory=dict)  # request id → its row(s)
+    num_encoder_runs: int = 0  # images encoded this step (a counter the engine exposes)
+
+    @classmethod
+    def empty(cls) -> ModelRunnerOutput:
+        return cls([], [])

@@ -1,0 +1,36 @@
+"""Activation functions by the names Hugging Face configs use."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+
+
+def quick_gelu(x: torch.Tensor) -> torch.Tensor:
+    return x * torch.sigmoid(1.702 * x)
+
+
+def _gelu_tanh(x: torch.Tensor) -> torch.Tensor:
+    return F.gelu(x, approximate="tanh")
+
+
+ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "silu": F.silu,
+    "gelu": F.gelu,
+    "gelu_pytorch_tanh": _gelu_tanh,
+    "quick_gelu": quick_gelu,
+}
+
+
+def get_activation(name: str) -> Callable[[torch.Tensor], torch.Tensor]:
+    if name not in ACTIVATIONS:
+        raise ValueError(f"unsupported activation {name!r}; known: {sorted(ACTIVATIONS)}")
+    return ACTIVATIONS[name]
+
+
+def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """SwiGLU on a fused [.., 2 * d] gate/up projection → [.., d]."""
+    gate, up = gate_up.chunk(2, dim=-1)
+    return F.silu(gate) * up

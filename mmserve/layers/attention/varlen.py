@@ -1,0 +1,33 @@
+"""Bidirectional attention over packed variable-length segments (the vision tower's images/windows)."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from itertools import pairwise
+
+import torch
+import torch.nn.functional as F
+
+
+def varlen_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: list[int], scale: float
+) -> torch.Tensor:
+    """q, k, v: [N, H, D]; segment s is rows [cu_seqlens[s], cu_seqlens[s+1]) → [N, H, D].
+
+    Segments of equal length are stacked and attended in one call, so an image cut into
+    many same-sized windows costs a handful of kernel launches, not one per window.
+    """
+    by_length: dict[int, list[int]] = defaultdict(list)
+    for start, end in pairwise(cu_seqlens):
+        if end > start:
+            by_length[end - start].append(start)
+    out = torch.empty_like(q)
+    for length, starts in by_length.items():
+        index = (
+            torch.tensor(starts, device=q.device)[:, None] + torch.arange(length, device=q.device)
+        ).flatten()
+        shape = (len(starts), length, q.shape[1], q.shape[2])
+        qs, ks, vs = (t[index].view(shape).transpose(1, 2) for t in (q, k, v))  # [S, H, L, D]
+        attn = F.scaled_dot_product_attention(qs, ks, vs, scale=scale)
+        out[index] = attn.transpose(1, 2).reshape(-1, q.shape[1], q.shape[2])
+    return out

@@ -1,0 +1,129 @@
+"""The Qwen2 language model over a paged KV cache, with M-RoPE positions.
+
+Tokens of every request in the step are packed into one [T, hidden] batch; attention metadata
+says which rows belong to which request. q/k/v and gate/up projections are fused into single
+matmuls; `load_weights` stacks the checkpoint's separate tensors into them.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from mmserve.config import ModelConfig
+from mmserve.layers.activation import silu_and_mul
+from mmserve.layers.attention import AttentionBackend, AttentionMetadata
+from mmserve.layers.norm import RMSNorm
+from mmserve.layers.rotary import MRotaryEmbedding
+
+# checkpoint name fragment → (fused parameter fragment, shard index)
+STACKED_PARAMS = {
+    ".q_proj.": (".qkv_proj.", 0),
+    ".k_proj.": (".qkv_proj.", 1),
+    ".v_proj.": (".qkv_proj.", 2),
+    ".gate_proj.": (".gate_up_proj.", 0),
+    ".up_proj.": (".gate_up_proj.", 1),
+}
+
+
+class Qwen2Attention(nn.Module):
+    def __init__(self, config: ModelConfig, rotary: MRotaryEmbedding, backend: AttentionBackend) -> None:
+        super().__init__()
+        self.num_heads = config.num_heads
+        self.num_kv_heads = config.num_kv_heads
+        self.head_dim = config.head_dim
+        self.q_size = self.num_heads * self.head_dim
+        self.kv_size = self.num_kv_heads * self.head_dim
+        self.qkv_proj = nn.Linear(config.hidden_size, self.q_size + 2 * self.kv_size, bias=True)
+        self.o_proj = nn.Linear(self.q_size, config.hidden_size, bias=False)
+        self.rotary = rotary
+        self.backend = backend
+        self.scale = self.head_dim**-0.5
+
+    def forward(
+        self,
+        positions: torch.Tensor,  # [3, T]
+        x: torch.Tensor,  # [T, hidden]
+        kv_cache: torch.Tensor,
+        metadata: AttentionMetadata,
+    ) -> torch.Tensor:
+        num_tokens = x.shape[0]
+        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = q.view(num_tokens, self.num_heads, self.head_dim)
+        k = k.view(num_tokens, self.num_kv_heads, self.head_dim)
+        v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
+        q, k = self.rotary(positions, q, k)
+        attn = self.backend.forward(q, k, v, kv_cache, metadata, self.scale)  # [T, H, D]
+        return self.o_proj(attn.reshape(num_tokens, self.q_size))
+
+
+class Qwen2MLP(nn.Module):
+    def __init__(self, hidden_size: int, intermediate_size: int) -> None:
+        super().__init__()
+        self.gate_up_proj = nn.Linear(hidden_size, 2 * intermediate_size, bias=False)
+        self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(silu_and_mul(self.gate_up_proj(x)))
+
+
+class Qwen2DecoderLayer(nn.Module):
+    def __init__(self, config: ModelConfig, rotary: MRotaryEmbedding, backend: AttentionBackend) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.self_attn = Qwen2Attention(config, rotary, backend)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.mlp = Qwen2MLP(config.hidden_size, config.intermediate_size)
+
+    def forward(self, positions, x, kv_cache, metadata) -> torch.Tensor:
+        x = x + self.self_attn(positions, self.input_layernorm(x), kv_cache, metadata)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class Qwen2Model(nn.Module):
+    """Embeddings, decoder layers and the final norm (the checkpoint's `model.*` tensors)."""
+
+    def __init__(self, config: ModelConfig, backend: AttentionBackend) -> None:
+        super().__init__()
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        # One rotary table shared by every layer (a submodule of this model, not of the layers).
+        self.rotary = MRotaryEmbedding(
+            config.head_dim, config.rope_theta, config.mrope_section, config.max_model_len + 1
+        )
+        self.layers = nn.ModuleList(
+            Qwen2DecoderLayer(config, self.rotary, backend) for _ in range(config.num_layers)
+        )
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+    def forward(
+        self,
+        inputs_embeds: torch.Tensor,  # [T, hidden]
+        positions: torch.Tensor,  # [3, T]
+        kv_caches: list[torch.Tensor],
+        metadata: AttentionMetadata,
+    ) -> torch.Tensor:
+        x = inputs_embeds
+        for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
+            x = layer(positions, x, kv_cache, metadata)
+        return self.norm(x)
+
+
+def load_language_model_weight(
+    params: dict[str, nn.Parameter], config: ModelConfig, name: str, weight: torch.Tensor
+) -> str:
+    """Copy one `model.*` / `lm_head.*` checkpoint tensor into its parameter; returns the name filled.
+
+    Separate q/k/v and gate/up tensors land in their slice of the fused parameter.
+    """
+    q_size = config.num_heads * config.head_dim
+    kv_size = config.num_kv_heads * config.head_dim
+    inter = config.intermediate_size
+    for fragment, (fused, shard) in STACKED_PARAMS.items():
+        if fragment in name:
+            target = name.replace(fragment, fused)
+            sizes = [q_size, kv_size, kv_size] if fused == ".qkv_proj." else [inter, inter]
+            offset = sum(sizes[:shard])
+            params[target].data[offset : offset + sizes[shard]].copy_(weight)
+            return f"{target}#{shard}"
+    params[name].data.copy_(weight)
+    return name

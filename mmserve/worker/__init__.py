@@ -1,0 +1,1 @@
+"""The worker: device, memory sizing, and the model runner that executes scheduler steps."""

@@ -1,0 +1,50 @@
+"""Our vision towers against transformers' `get_image_features` on the same weights."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import AutoModelForImageTextToText
+from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+
+from mmserve.config import ModelConfig
+from mmserve.layers.attention import get_attention_backend
+from mmserve.models.loader import load_model
+from mmserve.testing.reference import synthetic_image
+
+# (width, height): square, landscape, portrait, extreme strips, minimum size, the max_pixels cap
+SIZES = [(224, 224), (300, 200), (150, 450), (28, 560), (900, 30), (56, 56), (1000, 800)]
+
+
+@pytest.fixture(scope="module")
+def towers(model_dir):
+    ref = AutoModelForImageTextToText.from_pretrained(model_dir, dtype=torch.float32).eval()
+    config = ModelConfig.from_pretrained(model_dir, dtype="float32")
+    ours = load_model(config, get_attention_backend(torch.device("cpu")), torch.device("cpu"))
+    return ref, ours, Qwen2VLImageProcessorPil.from_pretrained(model_dir)
+
+
+@torch.inference_mode()
+@pytest.mark.parametrize("size", SIZES, ids=[f"{w}x{h}" for w, h in SIZES])
+def test_vision_tower_matches_transformers(towers, size):
+    ref, ours, processor = towers
+    inputs = processor(images=[synthetic_image(*size, seed=sum(size))], return_tensors="pt")
+    grid = [tuple(g) for g in inputs["image_grid_thw"].tolist()]
+    [want] = ref.model.get_image_features(inputs["pixel_values"], inputs["image_grid_thw"]).pooler_output
+    [got] = ours.encode_images(inputs["pixel_values"], grid)
+    assert got.shape == want.shape
+    assert ((got - want).abs().max() / want.abs().max()).item() < 1e-5
+
+
+@torch.inference_mode()
+def test_several_images_in_one_call_equal_one_at_a_time(towers):
+    """Images packed into one vision-tower call must not attend to each other."""
+    _, ours, processor = towers
+    images = [synthetic_image(w, h, seed=i) for i, (w, h) in enumerate(SIZES[:4])]
+    inputs = processor(images=images, return_tensors="pt")
+    grid = [tuple(g) for g in inputs["image_grid_thw"].tolist()]
+    together = ours.encode_images(inputs["pixel_values"], grid)
+    for image, emb in zip(images, together):
+        single = processor(images=[image], return_tensors="pt")
+        [alone] = ours.encode_images(single["pixel_values"], [tuple(single["image_grid_thw"][0].tolist())])
+        torch.testing.assert_close(emb, alone, rtol=1e-5, atol=1e-5)

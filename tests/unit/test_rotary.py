@@ -1,0 +1,82 @@
+"""M-RoPE positions and Qwen2.5-VL windows against transformers' own index functions."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from transformers import Qwen2VLConfig
+from transformers.models.qwen2_vl.modeling_qwen2_vl import Qwen2VLModel
+from transformers.vision_utils import get_vision_window_index
+
+from mmserve.layers.rotary import MRotaryEmbedding, mrope_input_positions
+from mmserve.models.qwen2_5_vl import window_partition
+
+IMAGE = 7
+MERGE = 2
+
+
+def hf_rope_index(token_ids: list[int], grids: list[tuple[int, int, int]]):
+    model = Qwen2VLModel.__new__(Qwen2VLModel)  # get_rope_index needs only the config
+    model.config = Qwen2VLConfig(vision_config={"spatial_merge_size": MERGE})
+    ids = torch.tensor([token_ids])
+    positions, delta = model.get_rope_index(ids, (ids == IMAGE).int(), torch.tensor(grids))
+    return positions[:, 0].numpy(), int(delta[0, 0])
+
+
+def layout(pieces: list[int | tuple[int, int]]) -> tuple[list[int], list]:
+    """pieces: text lengths (ints) and image grids (h, w) → token ids and our image list."""
+    ids, images = [], []
+    for piece in pieces:
+        if isinstance(piece, int):
+            ids += [1] * piece
+        else:
+            h, w = piece
+            n = h * w // MERGE**2
+            images.append((len(ids), n, (1, h, w)))
+            ids += [IMAGE] * n
+    return ids, images
+
+
+@pytest.mark.parametrize(
+    "pieces",
+    [
+        [5, (4, 6), 3],
+        [(8, 4), 10],
+        [3, (6, 6)],
+        [2, (4, 4), 1, (2, 10), 4],
+        [(2, 2), 1, (4, 8)],
+    ],
+)
+def test_mrope_positions_match_transformers(pieces):
+    ids, images = layout(pieces)
+    want, want_delta = hf_rope_index(ids, [g for _, _, g in images])
+    got, delta = mrope_input_positions(len(ids), images, MERGE)
+    np.testing.assert_array_equal(got, want)
+    assert delta == want_delta
+
+
+def test_text_only_positions_are_the_token_index():
+    positions, delta = mrope_input_positions(6, [], MERGE)
+    np.testing.assert_array_equal(positions, np.tile(np.arange(6), (3, 1)))
+    assert delta == 0
+
+
+def test_cached_cos_sin_equal_direct_computation():
+    rope = MRotaryEmbedding(head_dim=32, theta=1e6, mrope_section=(4, 6, 6), max_positions=512)
+    positions = torch.randint(0, 512, (3, 50))
+    cos, _ = rope.cos_sin(positions, torch.float32)
+    inv = 1.0 / (1e6 ** (torch.arange(0, 32, 2, dtype=torch.float32) / 32))
+    freqs = positions[..., None].float() * inv  # [3, T, 16]
+    sections = torch.cat([f[i % 3] for i, f in enumerate(freqs.split([4, 6, 6], dim=-1))], dim=-1)
+    torch.testing.assert_close(cos[:, 0], torch.cat([sections, sections], -1).cos(), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("grids", [[(1, 16, 16)], [(1, 10, 22), (1, 8, 8)], [(1, 4, 30), (1, 32, 6)]])
+def test_window_partition_matches_transformers(grids):
+    order, cu = window_partition(grids, spatial_merge_size=2, window_tokens=4)
+    want_order, want_cu = get_vision_window_index(
+        torch.tensor(grids), spatial_merge_size=2, window_size=112, patch_size=14
+    )
+    np.testing.assert_array_equal(order, want_order.numpy())
+    assert cu == want_cu.tolist()
