@@ -48,8 +48,7 @@ def build_sampling_metadata(
     min_tokens = {}
     for i, (p, out) in enumerate(zip(params, outputs)):
         if len(out) < p.min_tokens:
-            forbidden = set(p.stop_token_ids) | (set() if p.ignore_eos else set(p.eos_token_ids))
-            min_tokens[i] = (p.min_tokens, forbidden)
+            min_tokens[i] = (p.min_tokens, set(p.all_stop_token_ids))
     logprob_counts = [p.logprobs for p in params if p.logprobs is not None]
     return SamplingMetadata(
         temperature=temperature.to(device),
