@@ -83,6 +83,7 @@ class ModelConfig:
     dtype: torch.dtype
     max_model_len: int
     eos_token_ids: tuple[int, ...] = ()
+    max_image_tokens: int = 0  # placeholder tokens of the largest image the processor can produce
 
     @property
     def head_dim(self) -> int:
@@ -132,6 +133,7 @@ class ModelConfig:
             dtype=parse_dtype(dtype, checkpoint_dtype),
             max_model_len=max_model_len or limit,
             eos_token_ids=_eos_ids(path, text),
+            max_image_tokens=_max_image_tokens(path, raw["vision_config"]),
         )
 
 
@@ -163,6 +165,17 @@ def _vision_config(family: str, raw: dict, lm_hidden: int) -> VisionConfig:
         fullatt_block_indexes=tuple(raw.get("fullatt_block_indexes", (7, 15, 23, 31))),
         **common,
     )
+
+
+def _max_image_tokens(path: Path, vision: dict) -> int:
+    """max_pixels / (patch · merge)²: smart-resize keeps every image within max_pixels."""
+    processor_file = path / "preprocessor_config.json"
+    processor = json.loads(processor_file.read_text()) if processor_file.is_file() else {}
+    max_pixels = processor.get("max_pixels") or processor.get("size", {}).get("longest_edge") or 12845056
+    factor = int(processor.get("patch_size", vision.get("patch_size", 14))) * int(
+        processor.get("merge_size", vision.get("spatial_merge_size", 2))
+    )
+    return int(max_pixels) // (factor * factor)
 
 
 def _eos_ids(path: Path, text: dict) -> tuple[int, ...]:
@@ -216,3 +229,27 @@ class MultiModalConfig:
     limit_per_prompt: dict[str, int] = field(default_factory=lambda: {"image": 8})
     processor_cache_bytes: int = 1 << 30
     preprocess_workers: int | None = None  # None = min(4, cpu count); 0 = in-process
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """All slices together, for the code that wires components (each still gets only its slice)."""
+
+    model: ModelConfig
+    cache: CacheConfig
+    scheduler: SchedulerConfig
+    multimodal: MultiModalConfig
+    seed: int = 0
+    device: str | None = None  # None = cuda when available, else cpu
+
+    @property
+    def encoder_budget(self) -> int:
+        """Embeddings encoded per step: by default enough for the largest image the processor
+        can produce, so a small token budget only chunks prefill and never blocks an image."""
+        return self.scheduler.encoder_compute_budget or max(
+            self.scheduler.max_num_batched_tokens, self.model.max_image_tokens
+        )
+
+    @property
+    def encoder_cache_size(self) -> int:
+        return self.scheduler.encoder_cache_size or self.encoder_budget

@@ -10,21 +10,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-import numpy as np
+from mmserve.protocol import MultiModalFeature
 
 if TYPE_CHECKING:
     from mmserve.sampling_params import SamplingParams
-
-
-@dataclass
-class MultiModalFeature:
-    """One image of a request: where its placeholder tokens are and what to encode."""
-
-    mm_hash: str  # content id of the image (bytes + processor settings); keys every cache
-    offset: int  # index of the first placeholder token in the prompt
-    length: int  # number of placeholder tokens = number of embeddings
-    grid_thw: tuple[int, int, int]  # patch grid, as the processor made it
-    pixel_values: np.ndarray | None = None  # [num_patches, C·T·P·P] float32, until encoded
 
 
 @dataclass

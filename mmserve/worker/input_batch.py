@@ -11,8 +11,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from mmserve.core.sched_output import MultiModalFeature
 from mmserve.layers.rotary import mrope_input_positions
+from mmserve.protocol import MultiModalFeature
 from mmserve.sampling_params import SamplingParams
 
 

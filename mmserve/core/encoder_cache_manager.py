@@ -1,0 +1,70 @@
+"""Bookkeeping for the encoder cache: which image embeddings exist, who still needs them.
+
+Storage lives in the worker; this class only decides. Capacity is counted in embeddings (one
+per placeholder token). An entry is referenced by every request whose computation has not yet
+passed that image; unreferenced entries stay cached (a later request with the same image gets
+them for free) in LRU order until space is needed. Hashes evicted since the last step are
+handed to the worker, which drops the tensors.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+
+class EncoderCacheManager:
+    def __init__(self, cache_size: int) -> None:
+        self.cache_size = cache_size
+        self.num_free_slots = cache_size  # capacity not taken by any entry, referenced or not
+        self.sizes: dict[str, int] = {}  # mm_hash → embeddings
+        self.refs: dict[str, set[str]] = {}  # mm_hash → request ids referencing it
+        self.unreferenced: OrderedDict[str, None] = OrderedDict()  # eviction order, oldest first
+        self.freed: list[str] = []
+        self.num_hits = 0  # an image found in the cache instead of being encoded
+
+    def is_cached(self, mm_hash: str) -> bool:
+        return mm_hash in self.sizes
+
+    def can_allocate(self, num_embeddings: int) -> bool:
+        """Room for a new entry, counting what evicting unreferenced entries would free."""
+        evictable = sum(self.sizes[h] for h in self.unreferenced)
+        return num_embeddings <= self.num_free_slots + evictable
+
+    def allocate(self, mm_hash: str, num_embeddings: int, request_id: str) -> None:
+        """Reserve space for an image about to be encoded, evicting LRU unreferenced entries."""
+        while num_embeddings > self.num_free_slots:
+            victim, _ = self.unreferenced.popitem(last=False)
+            self.num_free_slots += self.sizes.pop(victim)
+            del self.refs[victim]
+            self.freed.append(victim)
+        self.num_free_slots -= num_embeddings
+        self.sizes[mm_hash] = num_embeddings
+        self.refs[mm_hash] = {request_id}
+
+    def add_reference(self, mm_hash: str, request_id: str) -> None:
+        """A request will read a cached entry: keep it from eviction."""
+        refs = self.refs[mm_hash]
+        if not refs:
+            del self.unreferenced[mm_hash]
+        if request_id not in refs:
+            refs.add(request_id)
+            self.num_hits += 1
+
+    def release(self, mm_hash: str, request_id: str) -> None:
+        refs = self.refs.get(mm_hash)
+        if refs is None or request_id not in refs:
+            return
+        refs.discard(request_id)
+        if not refs:
+            self.unreferenced[mm_hash] = None
+
+    def release_all(self, request_id: str, mm_hashes: list[str]) -> None:
+        for mm_hash in mm_hashes:
+            self.release(mm_hash, request_id)
+
+    def num_references(self) -> int:
+        return sum(len(r) for r in self.refs.values())
+
+    def take_freed(self) -> list[str]:
+        freed, self.freed = self.freed, []
+        return freed

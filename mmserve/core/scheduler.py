@@ -1,0 +1,346 @@
+"""The scheduler: one token budget per step, shared by prompt and generated tokens.
+
+Each step decides {request_id: num_tokens}. Running requests go first, each asking for all the
+tokens it has not computed yet (one, once decoding; the rest of its prompt while prefilling),
+capped by the step budget; then waiting requests are admitted in queue order, starting after
+their longest cached prefix. Chunked prefill is simply a request receiving fewer tokens than it
+has left. Images add one rule: a span that reaches an image not in the encoder cache encodes the
+whole image this step if the encoder budget and cache allow, else stops just before it. When KV
+blocks run out, the lowest-priority running request is preempted and later recomputed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from mmserve.config import CacheConfig, SchedulerConfig
+from mmserve.core.encoder_cache_manager import EncoderCacheManager
+from mmserve.core.kv_cache_manager import KVCacheManager
+from mmserve.core.request import Request, RequestStatus
+from mmserve.core.request_queue import RequestQueue
+from mmserve.core.sched_output import (
+    CachedRequestData,
+    ModelRunnerOutput,
+    NewRequestData,
+    SchedulerOutput,
+)
+from mmserve.protocol import EngineCoreOutput, EngineCoreOutputs, Logprobs, SchedulerStats
+
+
+@dataclass
+class _EncoderPlan:
+    """What scheduling a span needs from the encoder cache, applied only if the span is kept."""
+
+    num_new_tokens: int
+    to_encode: list[int]  # feature indices to encode this step
+    to_reference: list[int]  # feature indices already cached
+    encoder_budget: int  # what remains of the step's encoder budget afterwards
+
+
+class Scheduler:
+    def __init__(
+        self,
+        scheduler_config: SchedulerConfig,
+        cache_config: CacheConfig,
+        num_blocks: int,
+        encoder_budget: int,
+        encoder_cache_size: int,
+        priority_policy: bool = False,
+    ) -> None:
+        self.config = scheduler_config
+        self.block_size = cache_config.block_size
+        self.max_model_len = scheduler_config.max_model_len
+        self.encoder_budget = encoder_budget
+        self.kv = KVCacheManager(num_blocks, cache_config.block_size, cache_config.enable_prefix_caching)
+        self.encoder_cache = EncoderCacheManager(encoder_cache_size)
+        self.requests: dict[str, Request] = {}
+        self.waiting = RequestQueue(priority_policy)
+        self.running: list[Request] = []
+        self.finished_req_ids: set[str] = set()  # to tell the runner next step
+        self._runner_has: set[str] = set()  # requests whose state the runner holds
+        self.num_preemptions = 0
+        self._error_outputs: list[EngineCoreOutput] = []  # failures found while scheduling
+        self.num_encoder_runs = 0
+
+    # ------------------------------------------------------------------ admission
+
+    def add_request(self, request: Request) -> None:
+        """Queue a request; raises ValueError if it could never be scheduled."""
+        self.check_schedulable(request)
+        self.requests[request.request_id] = request
+        self.waiting.push(request)
+
+    def check_schedulable(self, request: Request) -> None:
+        if request.num_prompt_tokens == 0:
+            raise ValueError("the prompt is empty")
+        if request.num_prompt_tokens >= self.max_model_len:
+            raise ValueError(
+                f"the prompt has {request.num_prompt_tokens} tokens, but the model's context length is "
+                f"{self.max_model_len} (room is needed for at least one generated token)"
+            )
+        for f in request.mm_features:
+            limit = min(self.encoder_budget, self.encoder_cache.cache_size)
+            if f.length > limit:
+                raise ValueError(
+                    f"an image needs {f.length} tokens, more than the encoder budget/cache allows per "
+                    f"image ({limit}); raise them or send a smaller image"
+                )
+        if -(-request.num_prompt_tokens // self.block_size) > self.kv.pool.num_blocks:
+            raise ValueError(
+                f"the prompt needs more KV blocks than the cache holds ({self.kv.pool.num_blocks})"
+            )
+
+    def abort_requests(self, request_ids: Iterable[str]) -> list[EngineCoreOutput]:
+        outputs = []
+        for request_id in request_ids:
+            request = self.requests.get(request_id)
+            if request is not None and not request.is_finished:
+                self._finish(request, RequestStatus.FINISHED_ABORTED)
+                outputs.append(EngineCoreOutput(request_id, [], finish_reason="abort"))
+        return outputs
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.running or self.waiting)
+
+    # ------------------------------------------------------------------ one step
+
+    def schedule(self) -> SchedulerOutput:
+        token_budget = self.config.max_num_batched_tokens
+        encoder_budget = self.encoder_budget
+        num_scheduled: dict[str, int] = {}
+        encoder_inputs: dict[str, list[int]] = {}
+        new_reqs: list[NewRequestData] = []
+        cached = CachedRequestData()
+        preempted = False
+
+        # Running requests first, oldest first; preemption takes from the back.
+        i = 0
+        while i < len(self.running) and token_budget > 0:
+            request = self.running[i]
+            num_new = self._num_new_tokens(request, request.num_computed_tokens, token_budget)
+            plan = self._plan_encoder(request, request.num_computed_tokens, num_new, encoder_budget)
+            if plan.num_new_tokens == 0:
+                i += 1
+                continue
+            new_block_ids = self.kv.allocate_slots(request, plan.num_new_tokens)
+            if new_block_ids is None and len(self.running) == 1:
+                # Alone and still out of blocks: recomputing would need the same blocks again.
+                self._fail(
+                    request, f"the KV cache ({self.kv.pool.num_blocks} blocks) cannot hold this request"
+                )
+                continue
+            while new_block_ids is None:
+                # Only requests not yet scheduled this step may be preempted: `request` or later ones.
+                victim = self._pick_victim(self.running[i:])
+                self._preempt(victim)
+                preempted = True
+                if victim is request:
+                    break
+                new_block_ids = self.kv.allocate_slots(request, plan.num_new_tokens)
+            if new_block_ids is None:  # `request` itself was preempted
+                continue
+            self._apply_encoder_plan(request, plan, encoder_inputs)
+            encoder_budget = plan.encoder_budget
+            num_scheduled[request.request_id] = plan.num_new_tokens
+            token_budget -= plan.num_new_tokens
+            if request.request_id in self._runner_has:
+                cached.req_ids.append(request.request_id)
+                cached.new_block_ids.append(new_block_ids)
+                cached.num_computed_tokens.append(request.num_computed_tokens)
+            else:
+                new_reqs.append(self._new_request_data(request))
+            i += 1
+
+        # Then waiting requests, unless this step had to preempt (there is no room to grow).
+        max_seqs = self.config.max_num_seqs
+        while self.waiting and token_budget > 0 and not preempted and len(self.running) < max_seqs:
+            request = self.waiting.peek()
+            hit_blocks, num_hit = self.kv.get_computed_blocks(request)
+            num_new = self._num_new_tokens(request, num_hit, token_budget)
+            plan = self._plan_encoder(request, num_hit, num_new, encoder_budget)
+            if plan.num_new_tokens == 0:
+                break
+            new_block_ids = self.kv.allocate_slots(request, plan.num_new_tokens, hit_blocks)
+            if new_block_ids is None:
+                break
+            self.waiting.pop()
+            self.kv.record_prefix_lookup(request.num_tokens, num_hit)
+            request.status = RequestStatus.RUNNING
+            request.num_computed_tokens = num_hit
+            if request.num_cached_tokens < 0:
+                request.num_cached_tokens = num_hit
+            self.running.append(request)
+            self._apply_encoder_plan(request, plan, encoder_inputs)
+            encoder_budget = plan.encoder_budget
+            num_scheduled[request.request_id] = plan.num_new_tokens
+            token_budget -= plan.num_new_tokens
+            new_reqs.append(self._new_request_data(request))
+
+        output = SchedulerOutput(
+            scheduled_new_reqs=new_reqs,
+            scheduled_cached_reqs=cached,
+            num_scheduled_tokens=num_scheduled,
+            total_num_scheduled_tokens=sum(num_scheduled.values()),
+            scheduled_encoder_inputs=encoder_inputs,
+            finished_req_ids=self.finished_req_ids,
+            free_encoder_mm_hashes=self.encoder_cache.take_freed(),
+        )
+        self.finished_req_ids = set()
+        for request_id, n in num_scheduled.items():
+            self.requests[request_id].num_computed_tokens += n
+        self._runner_has.update(num_scheduled)
+        return output
+
+    def _num_new_tokens(self, request: Request, num_computed: int, token_budget: int) -> int:
+        num_new = request.num_tokens - num_computed
+        threshold = self.config.long_prefill_token_threshold
+        if threshold > 0:
+            num_new = min(num_new, threshold)
+        return min(num_new, token_budget)
+
+    def _plan_encoder(self, request: Request, num_computed: int, num_new: int, budget: int) -> _EncoderPlan:
+        to_encode, to_reference = [], []
+        planned: set[str] = set()
+        for index, f in enumerate(request.mm_features):
+            if f.offset >= num_computed + num_new:
+                break
+            if f.offset + f.length <= num_computed:
+                continue  # already computed past this image
+            if self.encoder_cache.is_cached(f.mm_hash) or f.mm_hash in planned:
+                to_reference.append(index)
+                continue
+            needed = f.length + sum(request.mm_features[j].length for j in to_encode)
+            if f.length > budget or not self.encoder_cache.can_allocate(needed):
+                num_new = max(f.offset - num_computed, 0)  # stop just before this image
+                break
+            budget -= f.length
+            planned.add(f.mm_hash)
+            to_encode.append(index)
+        return _EncoderPlan(num_new, to_encode, to_reference, budget)
+
+    def _apply_encoder_plan(self, request: Request, plan: _EncoderPlan, encoder_inputs: dict) -> None:
+        rid = request.request_id
+        for index in plan.to_encode:
+            f = request.mm_features[index]
+            self.encoder_cache.allocate(f.mm_hash, f.length, rid)
+        for index in plan.to_reference:
+            self.encoder_cache.add_reference(request.mm_features[index].mm_hash, rid)
+        if plan.to_encode:
+            encoder_inputs[rid] = plan.to_encode
+            self.num_encoder_runs += len(plan.to_encode)
+
+    def _new_request_data(self, request: Request) -> NewRequestData:
+        return NewRequestData(
+            req_id=request.request_id,
+            prompt_token_ids=request.prompt_token_ids,
+            mm_features=request.mm_features,
+            sampling_params=request.sampling_params,
+            block_ids=self.kv.block_ids(request),
+            num_computed_tokens=request.num_computed_tokens,
+            output_token_ids=list(request.output_token_ids),
+        )
+
+    def _pick_victim(self, candidates: list[Request]) -> Request:
+        if self.waiting.priority_policy:
+            return max(candidates, key=lambda r: (r.priority, r.arrival_time))
+        return candidates[-1]
+
+    def _preempt(self, request: Request) -> None:
+        self.running.remove(request)
+        self._release_resources(request)
+        request.status = RequestStatus.PREEMPTED
+        request.num_computed_tokens = 0
+        request.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.push_front(request)
+
+    # ------------------------------------------------------------------ after the model ran
+
+    def update_from_output(self, so: SchedulerOutput, runner_output: ModelRunnerOutput) -> EngineCoreOutputs:
+        outputs, self._error_outputs = self._error_outputs, []
+        logprobs = runner_output.logprobs
+        for request_id, new_tokens in zip(runner_output.req_ids, runner_output.sampled_token_ids):
+            request = self.requests.get(request_id)
+            if request is None or request.is_finished:
+                continue  # aborted while the step ran
+            self._release_passed_images(request)
+            if not new_tokens:
+                continue  # mid-prefill
+            accepted = []
+            for token in new_tokens:
+                request.append_output_token(token)
+                accepted.append(token)
+                status = self._check_stop(request, token)
+                if status is not None:
+                    self._finish(request, status)
+                    break
+            lp = logprobs.get(request_id)
+            outputs.append(
+                EngineCoreOutput(
+                    request_id,
+                    accepted,
+                    finish_reason=request.status.finish_reason,
+                    stop_reason=request.stop_reason,
+                    new_logprobs=Logprobs(lp.token_ids, lp.logprobs, lp.sampled_ranks) if lp else None,
+                    num_cached_tokens=max(request.num_cached_tokens, 0),
+                )
+            )
+        return EngineCoreOutputs(outputs=outputs, stats=self.stats())
+
+    def _check_stop(self, request: Request, token: int) -> RequestStatus | None:
+        params = request.sampling_params
+        if request.num_output_tokens >= params.min_tokens and token in params.all_stop_token_ids:
+            if token in params.stop_token_ids:
+                request.stop_reason = token
+            return RequestStatus.FINISHED_STOPPED
+        if params.max_tokens is not None and request.num_output_tokens >= params.max_tokens:
+            return RequestStatus.FINISHED_LENGTH_CAPPED
+        if request.num_tokens >= self.max_model_len:
+            return RequestStatus.FINISHED_LENGTH_CAPPED
+        return None
+
+    def _release_passed_images(self, request: Request) -> None:
+        """Drop references to images the request has computed past (their last occurrence)."""
+        last_end: dict[str, int] = {}
+        for f in request.mm_features:
+            last_end[f.mm_hash] = max(last_end.get(f.mm_hash, 0), f.offset + f.length)
+        for mm_hash, end in last_end.items():
+            if end <= request.num_computed_tokens:
+                self.encoder_cache.release(mm_hash, request.request_id)
+
+    def _fail(self, request: Request, message: str) -> None:
+        self._finish(request, RequestStatus.FINISHED_ERROR)
+        self._error_outputs.append(
+            EngineCoreOutput(request.request_id, [], finish_reason="error", error=message)
+        )
+
+    def _finish(self, request: Request, status: RequestStatus) -> None:
+        request.status = status
+        if request in self.running:
+            self.running.remove(request)
+        else:
+            self.waiting.remove(request)
+        self._release_resources(request)
+        del self.requests[request.request_id]
+
+    def _release_resources(self, request: Request) -> None:
+        self.kv.free(request)
+        self.encoder_cache.release_all(request.request_id, [f.mm_hash for f in request.mm_features])
+        if request.request_id in self._runner_has:
+            self._runner_has.discard(request.request_id)
+            self.finished_req_ids.add(request.request_id)
+
+    def stats(self) -> SchedulerStats:
+        return SchedulerStats(
+            num_running=len(self.running),
+            num_waiting=len(self.waiting),
+            kv_cache_usage=self.kv.usage,
+            kv_blocks_in_use=self.kv.num_used_blocks,
+            prefix_cache_queries=self.kv.prefix_stats.queries,
+            prefix_cache_hits=self.kv.prefix_stats.hits,
+            encoder_runs=self.num_encoder_runs,
+            encoder_cache_hits=self.encoder_cache.num_hits,
+            encoder_cache_references=self.encoder_cache.num_references(),
+            num_preemptions=self.num_preemptions,
+        )

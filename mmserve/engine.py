@@ -1,0 +1,26 @@
+"""Wires an EngineCore to its worker. The only module that imports both `core` and `worker`.
+
+Used in-process by the offline `LLM`, and as the body of the EngineCore process when serving.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from mmserve.config import EngineConfig
+from mmserve.core.engine_core import EngineCore
+from mmserve.core.scheduler import Scheduler
+from mmserve.worker.worker import Worker
+
+
+def build_engine_core(config: EngineConfig) -> EngineCore:
+    device = torch.device(config.device) if config.device else None
+    worker = Worker(config.model, config.cache, config.scheduler, device=device, seed=config.seed)
+    scheduler = Scheduler(
+        config.scheduler,
+        config.cache,
+        num_blocks=worker.num_blocks,
+        encoder_budget=config.encoder_budget,
+        encoder_cache_size=config.encoder_cache_size,
+    )
+    return EngineCore(scheduler, worker)

@@ -1,0 +1,1 @@
+"""The frontend: prompts and images in, text out. Never touches the model."""

@@ -1,0 +1,212 @@
+"""Prompts in, EngineRequest-ready token ids and image features out.
+
+Chat messages are validated, their images loaded (data URL, file, http) and preprocessed by the
+pool, the chat template renders one <|image_pad|> per image, and each pad is expanded to the
+image's token count. The image's content id from the pool is its hash in every cache.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+
+import numpy as np
+from PIL import Image
+
+from mmserve.frontend.media import MediaLoader
+from mmserve.frontend.tokenizer import IMAGE_PAD, Tokenizer
+from mmserve.protocol import MultiModalFeature
+from preprocess import PreprocessPool, ProcessedImage
+
+ImageInput = bytes | Image.Image
+
+ROLES = ("system", "user", "assistant", "tool")
+
+
+class PromptError(ValueError):
+    """The request's prompt or messages are invalid; `param` names the offending field."""
+
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+@dataclass
+class ProcessedPrompt:
+    prompt: str | None
+    token_ids: list[int]
+    features: list[MultiModalFeature]
+
+
+def parse_messages(messages: list[dict], loader: MediaLoader) -> tuple[list[dict], list[ImageInput]]:
+    """Validate OpenAI-style messages → (messages for the template, image inputs in order)."""
+    if not isinstance(messages, list) or not messages:
+        raise PromptError("messages must be a non-empty list", "messages")
+    template_messages, images = [], []
+    for i, message in enumerate(messages):
+        if not isinstance(message, dict):
+            raise PromptError(f"messages[{i}] must be an object", "messages")
+        role = message.get("role")
+        if role not in ROLES:
+            raise PromptError(
+                f"messages[{i}].role must be one of {', '.join(ROLES)}, got {role!r}", "messages"
+            )
+        content = message.get("content")
+        if content is None and role == "assistant":
+            content = ""
+        if isinstance(content, str):
+            template_messages.append({"role": role, "content": content})
+            continue
+        if not isinstance(content, list):
+            raise PromptError(f"messages[{i}].content must be a string or a list of parts", "messages")
+        parts = []
+        for j, part in enumerate(content):
+            parts.append(_parse_part(part, f"messages[{i}].content[{j}]", loader, images))
+        template_messages.append({"role": role, "content": parts})
+    return template_messages, images
+
+
+def _parse_part(part, where: str, loader: MediaLoader, images: list[ImageInput]) -> dict:
+    if not isinstance(part, dict):
+        raise PromptError(f"{where} must be an object", "messages")
+    kind = part.get("type")
+    if kind == "text":
+        if not isinstance(part.get("text"), str):
+            raise PromptError(f"{where}.text must be a string", "messages")
+        return {"type": "text", "text": part["text"]}
+    if kind == "image_url":
+        ref = part.get("image_url")
+        url = ref.get("url") if isinstance(ref, dict) else ref
+        if not isinstance(url, str):
+            raise PromptError(f"{where}.image_url.url must be a string", "messages")
+        images.append(loader.load(url))
+        return {"type": "image"}
+    if kind == "image" and isinstance(part.get("image"), Image.Image):
+        images.append(part["image"])
+        return {"type": "image"}
+    raise PromptError(f"{where}.type {kind!r} is not supported (use 'text' or 'image_url')", "messages")
+
+
+def as_pool_input(image: ImageInput) -> bytes | Image.Image:
+    if isinstance(image, (bytes, Image.Image)):
+        return image
+    if isinstance(image, np.ndarray):
+        return Image.fromarray(image)
+    raise PromptError(f"unsupported image type {type(image).__name__}", "multi_modal_data")
+
+
+class InputProcessor:
+    def __init__(
+        self,
+        tokenizer: Tokenizer,
+        pool: PreprocessPool,
+        loader: MediaLoader,
+        max_model_len: int,
+        image_limit: int,
+    ) -> None:
+        self.tokenizer = tokenizer
+        self.pool = pool
+        self.loader = loader
+        self.max_model_len = max_model_len
+        self.image_limit = image_limit
+
+    # Each entry point has a blocking and an asyncio form; they differ only in how images
+    # reach the pool.
+
+    def chat(self, messages: list[dict], **template_kwargs) -> ProcessedPrompt:
+        template_messages, images = parse_messages(messages, self.loader)
+        text = self._render(template_messages, images, template_kwargs)
+        return self._build(text, self.tokenizer.encode(text), [self.pool.process(im) for im in images])
+
+    async def chat_async(self, messages: list[dict], **template_kwargs) -> ProcessedPrompt:
+        template_messages, images = await asyncio.to_thread(parse_messages, messages, self.loader)
+        text = self._render(template_messages, images, template_kwargs)
+        processed = await self._process_all_async(images)
+        return self._build(text, self.tokenizer.encode(text), processed)
+
+    def prompt(self, prompt: str | dict) -> ProcessedPrompt:
+        text, token_ids, images = self._parse_prompt(prompt)
+        return self._build(text, token_ids, [self.pool.process(as_pool_input(im)) for im in images])
+
+    async def prompt_async(self, prompt: str | dict) -> ProcessedPrompt:
+        text, token_ids, images = self._parse_prompt(prompt)
+        processed = await self._process_all_async([as_pool_input(im) for im in images])
+        return self._build(text, token_ids, processed)
+
+    async def _process_all_async(self, images: list[ImageInput]) -> list[ProcessedImage]:
+        results = await asyncio.gather(
+            *(self.pool.process_async(im) for im in images), return_exceptions=True
+        )
+        errors = [r for r in results if isinstance(r, BaseException)]
+        if errors:
+            for r in results:
+                if isinstance(r, ProcessedImage):
+                    r.release()
+            raise errors[0]
+        return list(results)
+
+    def _render(self, messages: list[dict], images: list, template_kwargs: dict) -> str:
+        self._check_image_count(len(images))
+        return self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, **template_kwargs)
+
+    def _check_image_count(self, count: int) -> None:
+        if count > self.image_limit:
+            raise PromptError(
+                f"at most {self.image_limit} images are allowed per prompt, got {count}", "messages"
+            )
+
+    def _parse_prompt(self, prompt: str | dict) -> tuple[str | None, list[int], list]:
+        if isinstance(prompt, str):
+            return prompt, self.tokenizer.encode(prompt), []
+        if not isinstance(prompt, dict):
+            raise PromptError("a prompt is a string or a dict with 'prompt' or 'prompt_token_ids'", "prompt")
+        images = (prompt.get("multi_modal_data") or {}).get("image", [])
+        images = images if isinstance(images, list) else [images]
+        self._check_image_count(len(images))
+        if "prompt_token_ids" in prompt:
+            return None, list(prompt["prompt_token_ids"]), images
+        text = prompt.get("prompt")
+        if not isinstance(text, str):
+            raise PromptError("prompt must be a string", "prompt")
+        return text, self.tokenizer.encode(text), images
+
+    def _build(
+        self, text: str | None, token_ids: list[int], processed: list[ProcessedImage]
+    ) -> ProcessedPrompt:
+        """Expand each <|image_pad|> to its image's token count; copy pixels out of shared memory."""
+        try:
+            pad = self.tokenizer.image_pad_id
+            pad_positions = [i for i, t in enumerate(token_ids) if t == pad]
+            if len(pad_positions) != len(processed):
+                raise PromptError(
+                    f"the prompt has {len(pad_positions)} {IMAGE_PAD} placeholders "
+                    f"for {len(processed)} images",
+                    "prompt",
+                )
+            expanded: list[int] = []
+            features: list[MultiModalFeature] = []
+            previous = 0
+            for position, image in zip(pad_positions, processed):
+                expanded.extend(token_ids[previous:position])
+                features.append(
+                    MultiModalFeature(
+                        image.id,
+                        len(expanded),
+                        image.num_tokens,
+                        tuple(image.grid_thw),
+                        np.array(image.pixel_values),
+                    )
+                )
+                expanded.extend([pad] * image.num_tokens)
+                previous = position + 1
+            expanded.extend(token_ids[previous:])
+        finally:
+            for image in processed:
+                image.release()
+        if len(expanded) >= self.max_model_len:
+            raise PromptError(
+                f"this model's maximum context length is {self.max_model_len} tokens, but the prompt has "
+                f"{len(expanded)} tokens (at least one more is needed for the answer)",
+                "messages",
+            )
+        return ProcessedPrompt(text, expanded, features)

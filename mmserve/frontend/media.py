@@ -1,0 +1,84 @@
+"""Turning an `image_url` into bytes: data URLs, allowed local files, allowed http(s) hosts.
+
+Everything a client controls is checked here before any byte is read: the URL scheme, base64
+validity, that a local path stays under the allowed root after resolving symlinks, and sizes.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import os
+from pathlib import Path
+from urllib.parse import unquote, urlparse
+
+
+class MediaError(ValueError):
+    """The client's image reference cannot be used; the message is safe to show them."""
+
+
+def decode_data_url(url: str, max_bytes: int) -> bytes:
+    header, sep, payload = url.partition(",")
+    if not sep:
+        raise MediaError("malformed data URL: no ',' separating the header from the data")
+    if not header.startswith("data:") or not header.endswith(";base64"):
+        raise MediaError("data URLs must look like data:image/<type>;base64,<data>")
+    media_type = header[len("data:") : -len(";base64")]
+    if media_type and not media_type.startswith("image/"):
+        raise MediaError(f"data URL media type {media_type!r} is not an image")
+    if len(payload) > max_bytes * 4 // 3 + 4:
+        raise MediaError(f"image data exceeds the {max_bytes} byte limit")
+    try:
+        return base64.b64decode(payload, validate=True)
+    except (binascii.Error, ValueError) as e:
+        raise MediaError(f"invalid base64 image data: {e}") from None
+
+
+def read_local_file(path_text: str, allowed_root: Path | None, max_bytes: int) -> bytes:
+    if allowed_root is None:
+        raise MediaError("local image files are disabled; start the server with --allowed-local-media-path")
+    path = Path(unquote(path_text))
+    if not path.is_absolute():
+        raise MediaError("local image paths must be absolute")
+    resolved = Path(os.path.realpath(path))
+    root = Path(os.path.realpath(allowed_root))
+    if not resolved.is_relative_to(root):
+        raise MediaError(f"{path_text!r} is outside the allowed media directory")
+    if not resolved.is_file():
+        raise MediaError(f"{path_text!r} is not a readable file")
+    if resolved.stat().st_size > max_bytes:
+        raise MediaError(f"image file exceeds the {max_bytes} byte limit")
+    return resolved.read_bytes()
+
+
+class MediaLoader:
+    def __init__(
+        self,
+        allowed_local_media_path: str | Path | None = None,
+        allowed_media_domains: list[str] | None = None,
+        max_image_bytes: int = 20 << 20,
+        fetch_timeout_s: float = 10.0,
+    ) -> None:
+        self.allowed_root = Path(allowed_local_media_path) if allowed_local_media_path else None
+        self.allowed_domains = [d.lower() for d in allowed_media_domains or []]
+        self.max_image_bytes = max_image_bytes
+        self.fetch_timeout_s = fetch_timeout_s
+
+    def load(self, url: str) -> bytes:
+        """Bytes of the image behind `url`; raises MediaError with a client-facing message."""
+        if not isinstance(url, str) or not url:
+            raise MediaError("image_url.url must be a non-empty string")
+        if url.startswith("data:"):
+            return decode_data_url(url, self.max_image_bytes)
+        parsed = urlparse(url)
+        if parsed.scheme == "file":
+            if parsed.netloc not in ("", "localhost"):
+                raise MediaError("file:// URLs must not name a host")
+            return read_local_file(parsed.path, self.allowed_root, self.max_image_bytes)
+        if parsed.scheme in ("http", "https"):
+            from mmserve.frontend.http_fetch import fetch_image
+
+            return fetch_image(url, self.allowed_domains, self.max_image_bytes, self.fetch_timeout_s)
+        if parsed.scheme == "" and url.startswith("/"):
+            return read_local_file(url, self.allowed_root, self.max_image_bytes)
+        raise MediaError(f"unsupported image URL scheme {parsed.scheme or url[:16]!r}")
