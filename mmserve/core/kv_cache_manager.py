@@ -92,9 +92,11 @@ class KVCacheManager:
             return
         start = self.num_cached_blocks.get(request.request_id, 0)
         end = min(num_tokens // self.block_size, len(request.block_hashes))
+        if end <= start:
+            return  # the common decode step: no block became full
         for i in range(start, end):
             self.pool.cache(held[i], request.block_hashes[i])
-        self.num_cached_blocks[request.request_id] = max(start, end)
+        self.num_cached_blocks[request.request_id] = end
 
     def free(self, request: Request) -> None:
         """Give back all of a request's blocks, last block first, so its tail is evicted first."""
