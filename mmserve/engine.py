@@ -1,6 +1,6 @@
 """Wires an EngineCore to its worker. The only module that imports both `core` and `worker`.
 
-Used in-process by the offline `LLM`, and as the body of the EngineCore process when serving.
+Used in-process by the offline `LLM`, and by the EngineCore process (engine_process.py) when serving.
 """
 
 from __future__ import annotations

@@ -68,3 +68,52 @@ class SchedulerStats(msgspec.Struct, kw_only=True):
 class EngineCoreOutputs(msgspec.Struct, kw_only=True):
     outputs: list[EngineCoreOutput] = msgspec.field(default_factory=list)
     stats: SchedulerStats | None = None
+
+
+# ---------------------------------------------------------------------------------------------
+# Wire format over ZeroMQ. Frontend → EngineCore: [b"ADD", header, *pixel frames] or
+# [b"ABORT", ids]. EngineCore → frontend: [b"OUT", outputs] or [b"READY"/b"FAILED", info].
+# Pixel arrays travel as their own frames, sent without copying and received as views.
+
+ADD, ABORT, OUT, READY, FAILED = b"ADD", b"ABORT", b"OUT", b"READY", b"FAILED"
+
+_encoder = msgspec.msgpack.Encoder()
+_request_decoder = msgspec.msgpack.Decoder(tuple[EngineRequest, list[tuple[str, tuple[int, ...]]]])
+_outputs_decoder = msgspec.msgpack.Decoder(EngineCoreOutputs)
+
+
+def encode_add(request: EngineRequest) -> list:
+    arrays = [f.pixel_values for f in request.mm_features if f.pixel_values is not None]
+    stripped = msgspec.structs.replace(
+        request,
+        mm_features=[
+            MultiModalFeature(f.mm_hash, f.offset, f.length, f.grid_thw, None) for f in request.mm_features
+        ],
+    )
+    layouts = [(a.dtype.str, a.shape) for a in arrays]
+    return [ADD, _encoder.encode((stripped, layouts)), *(np.ascontiguousarray(a).data for a in arrays)]
+
+
+def decode_add(frames: list) -> EngineRequest:
+    request, layouts = _request_decoder.decode(frames[1])
+    with_pixels = iter(zip(layouts, frames[2:]))
+    for feature in request.mm_features:
+        (dtype, shape), frame = next(with_pixels)
+        feature.pixel_values = np.frombuffer(frame, dtype=np.dtype(dtype)).reshape(shape)
+    return request
+
+
+def encode_abort(request_ids: list[str]) -> list:
+    return [ABORT, _encoder.encode(request_ids)]
+
+
+def decode_abort(frames: list) -> list[str]:
+    return msgspec.msgpack.decode(frames[1], type=list[str])
+
+
+def encode_outputs(outputs: EngineCoreOutputs) -> list:
+    return [OUT, _encoder.encode(outputs)]
+
+
+def decode_outputs(frames: list) -> EngineCoreOutputs:
+    return _outputs_decoder.decode(frames[1])

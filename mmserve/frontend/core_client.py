@@ -3,10 +3,24 @@ with the same methods."""
 
 from __future__ import annotations
 
+import asyncio
+import multiprocessing
+import os
+import shutil
+import tempfile
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
-from mmserve.core.engine_core import EngineCore
+import zmq
+import zmq.asyncio
+
+from mmserve import protocol
+from mmserve.config import EngineConfig
+from mmserve.engine_process import run_engine_core_process
 from mmserve.protocol import EngineCoreOutputs, EngineRequest
+
+if TYPE_CHECKING:
+    from mmserve.core.engine_core import EngineCore
 
 
 class InprocCoreClient:
@@ -26,3 +40,82 @@ class InprocCoreClient:
 
     def get_output(self) -> EngineCoreOutputs:
         return self.engine_core.step()
+
+
+class EngineDeadError(RuntimeError):
+    """EngineCore stopped; nothing more will come from it."""
+
+
+class MPCoreClient:
+    """EngineCore in its own process, reached over ZeroMQ (ipc:// sockets in a private dir).
+
+    The frontend binds both sockets; the engine connects. `start` waits for the engine's READY
+    (model loaded, KV cache sized) or its FAILED message, or its death.
+    """
+
+    def __init__(self, config: EngineConfig) -> None:
+        self.config = config
+        self._dir = tempfile.mkdtemp(prefix="mmserve-ipc-")
+        self.input_address = f"ipc://{self._dir}/input"
+        self.output_address = f"ipc://{self._dir}/output"
+        self._ctx = zmq.asyncio.Context()
+        self._to_engine = self._ctx.socket(zmq.PUSH)
+        self._to_engine.bind(self.input_address)
+        self._from_engine = self._ctx.socket(zmq.PULL)
+        self._from_engine.bind(self.output_address)
+        self.process = None
+        self.num_blocks = 0
+        self.dead = False
+
+    async def start(self, timeout_s: float = 600.0) -> None:
+        context = multiprocessing.get_context("spawn")
+        self.process = context.Process(
+            target=run_engine_core_process,
+            args=(self.config, self.input_address, self.output_address, os.getpid()),
+            name="mmserve-engine-core",
+            daemon=False,
+        )
+        self.process.start()
+        deadline = asyncio.get_running_loop().time() + timeout_s
+        while True:
+            if await self._from_engine.poll(200):
+                kind, info = await self._from_engine.recv_multipart()
+                if kind == protocol.READY:
+                    self.num_blocks = int(info)
+                    return
+                raise RuntimeError(f"EngineCore failed to start: {info.decode()}")
+            if not self.process.is_alive():
+                raise RuntimeError(f"EngineCore exited during start-up (exit code {self.process.exitcode})")
+            if asyncio.get_running_loop().time() > deadline:
+                raise RuntimeError(f"EngineCore did not start within {timeout_s:.0f} s")
+
+    def is_alive(self) -> bool:
+        return self.process is not None and self.process.is_alive()
+
+    async def add_request(self, request: EngineRequest) -> None:
+        await self._to_engine.send_multipart(protocol.encode_add(request), copy=False)
+
+    async def abort_requests(self, request_ids: list[str]) -> None:
+        if request_ids:
+            await self._to_engine.send_multipart(protocol.encode_abort(list(request_ids)))
+
+    async def get_output(self, poll_ms: int = 100) -> EngineCoreOutputs | None:
+        """The next step's outputs, or None if nothing arrived within `poll_ms` (the caller
+        checks liveness between polls)."""
+        if not await self._from_engine.poll(poll_ms):
+            return None
+        frames = await self._from_engine.recv_multipart()
+        return protocol.decode_outputs(frames)
+
+    def shutdown(self, timeout_s: float = 4.0) -> None:
+        """Stop the engine (SIGTERM, then SIGKILL) and remove the sockets."""
+        if self.process is not None and self.process.is_alive():
+            self.process.terminate()
+            self.process.join(timeout_s)
+            if self.process.is_alive():
+                self.process.kill()
+                self.process.join(1.0)
+        self._to_engine.close(linger=0)
+        self._from_engine.close(linger=0)
+        self._ctx.term()
+        shutil.rmtree(self._dir, ignore_errors=True)

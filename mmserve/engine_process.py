@@ -1,0 +1,79 @@
+"""The EngineCore process: a busy loop around an EngineCore, fed and drained over ZeroMQ."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+from typing import TYPE_CHECKING
+
+import zmq
+
+from mmserve import protocol
+from mmserve.config import EngineConfig
+
+if TYPE_CHECKING:
+    from mmserve.core.engine_core import EngineCore
+
+logger = logging.getLogger("mmserve.engine_core")
+
+
+def run_engine_core_process(
+    config: EngineConfig, input_address: str, output_address: str, parent_pid: int
+) -> None:
+    """Body of the EngineCore process: build the engine, then loop — drain requests and aborts
+    without waiting, step, send outputs — until told to stop or orphaned.
+
+    Never blocks on the frontend: it sleeps on its input socket only while it has no work.
+    """
+    # Imported here, in the child: the API server process never loads the model code.
+    from mmserve.engine import build_engine_core
+
+    stop = False
+
+    def request_stop(*_args) -> None:
+        nonlocal stop
+        stop = True
+
+    signal.signal(signal.SIGTERM, request_stop)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the API server decides when we stop
+    ctx = zmq.Context()
+    inbox = ctx.socket(zmq.PULL)
+    inbox.connect(input_address)
+    outbox = ctx.socket(zmq.PUSH)
+    outbox.connect(output_address)
+    try:
+        engine_core = build_engine_core(config)
+    except Exception as e:  # report why we could not start instead of dying silently
+        logger.exception("EngineCore failed to start")
+        outbox.send_multipart([protocol.FAILED, f"{type(e).__name__}: {e}".encode()])
+        outbox.close(linger=2000)
+        return
+    outbox.send_multipart([protocol.READY, str(engine_core.scheduler.kv.pool.num_blocks).encode()])
+    poller = zmq.Poller()
+    poller.register(inbox, zmq.POLLIN)
+    while not stop:
+        if os.getppid() != parent_pid:
+            logger.error("the API server process is gone; EngineCore exits")
+            break
+        timeout_ms = 0 if engine_core.has_work() else 200
+        if poller.poll(timeout_ms):
+            _drain_inbox(inbox, engine_core)
+        if engine_core.has_work():
+            outbox.send_multipart(protocol.encode_outputs(engine_core.step()), copy=False)
+    inbox.close(linger=0)
+    outbox.close(linger=1000)
+    ctx.term()
+
+
+def _drain_inbox(inbox: zmq.Socket, engine_core: EngineCore) -> None:
+    while True:
+        try:
+            frames = [frame.buffer for frame in inbox.recv_multipart(zmq.NOBLOCK, copy=False)]
+        except zmq.Again:
+            return
+        kind = bytes(frames[0])
+        if kind == protocol.ADD:
+            engine_core.add_request(protocol.decode_add(frames))
+        elif kind == protocol.ABORT:
+            engine_core.abort_requests(protocol.decode_abort(frames))

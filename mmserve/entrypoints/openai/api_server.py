@@ -1,0 +1,319 @@
+"""The API server process: FastAPI routes over AsyncLLM, the preprocess pool, and EngineCore.
+
+Start-up (lifespan) starts the preprocess pool and the EngineCore process; shutdown stops them.
+If EngineCore dies, /health turns 503 at once, open requests fail, and the server exits with a
+non-zero status so a supervisor restarts it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import logging
+import time
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from pydantic import ValidationError
+
+from mmserve.config import EngineConfig
+from mmserve.entrypoints.openai.errors import OpenAIError, bad_request, error_body
+from mmserve.entrypoints.openai.schemas import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    DetokenizeRequest,
+    TokenizeRequest,
+)
+from mmserve.entrypoints.openai.serving import (
+    ServingContext,
+    build_chat,
+    build_completion,
+    chat_response,
+    chat_stream,
+    client_error,
+    completion_response,
+    completion_stream,
+)
+from mmserve.frontend.async_llm import AsyncLLM
+from mmserve.frontend.input_processor import InputProcessor
+from mmserve.frontend.media import MediaLoader
+from mmserve.frontend.tokenizer import Tokenizer
+from mmserve.metrics import ServerMetrics
+from mmserve.sampling_params import SamplingParams
+from preprocess import PreprocessPool, ProcessorSettings
+
+logger = logging.getLogger("mmserve.api_server")
+
+
+@dataclass
+class ServerSettings:
+    """What the HTTP layer needs beyond the engine's configuration."""
+
+    engine: EngineConfig
+    served_model_name: str
+    api_key: str | None = None
+    allowed_local_media_path: str | None = None
+    allowed_media_domains: list[str] = field(default_factory=list)
+    max_body_bytes: int = 64 << 20
+    on_engine_dead: object = None  # callable run once if EngineCore dies (the CLI stops uvicorn)
+
+
+def server_default_params(model_dir: Path) -> SamplingParams:
+    """The model's generation_config.json defaults; without max_new_tokens, answers may run to
+    the context limit (as in vLLM)."""
+    params = SamplingParams()
+    gen_file = model_dir / "generation_config.json"
+    gen = json.loads(gen_file.read_text()) if gen_file.is_file() else {}
+    params.update_from_generation_config(gen)
+    if "max_new_tokens" not in gen:
+        params.max_tokens = None
+    return params
+
+
+class BodySizeLimit:
+    """ASGI middleware: 413 for a body over the limit, by header or as it streams in."""
+
+    def __init__(self, app, max_bytes: int) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        declared = dict(scope.get("headers") or []).get(b"content-length")
+        if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
+            return await _send_json(
+                send, 413, error_body(413, f"request body exceeds {self.max_bytes} bytes")
+            )
+        seen = 0
+
+        async def limited_receive():
+            nonlocal seen
+            message = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > self.max_bytes:
+                    raise _BodyTooLarge
+            return message
+
+        try:
+            await self.app(scope, limited_receive, send)
+        except _BodyTooLarge:
+            await _send_json(send, 413, error_body(413, f"request body exceeds {self.max_bytes} bytes"))
+
+
+class _BodyTooLarge(Exception):
+    pass
+
+
+async def _send_json(send, status: int, body: dict) -> None:
+    payload = json.dumps(body).encode()
+    await send(
+        {"type": "http.response.start", "status": status, "headers": [(b"content-type", b"application/json")]}
+    )
+    await send({"type": "http.response.body", "body": payload})
+
+
+def build_app(settings: ServerSettings) -> FastAPI:
+    config = settings.engine
+    model_dir = config.model.path
+    state: dict = {}
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        tokenizer = Tokenizer(model_dir)
+        processor_config = json.loads((model_dir / "preprocessor_config.json").read_text())
+        pool = PreprocessPool(
+            ProcessorSettings.from_hf_config(processor_config, family=config.model.family),
+            config.multimodal.preprocess_workers,
+            cache_bytes=config.multimodal.processor_cache_bytes,
+        )
+        metrics = ServerMetrics(settings.served_model_name)
+
+        def on_outputs(_snapshots, stats) -> None:
+            if stats is not None:
+                metrics.update_engine(stats)
+
+        def on_dead() -> None:
+            state["dead"] = True
+            if callable(settings.on_engine_dead):
+                settings.on_engine_dead()
+
+        engine = AsyncLLM(config, tokenizer, on_engine_dead=on_dead, on_outputs=on_outputs)
+        try:
+            await engine.start()
+        except Exception:
+            pool.close()
+            await engine.shutdown()
+            raise
+        inputs = InputProcessor(
+            tokenizer,
+            pool,
+            MediaLoader(settings.allowed_local_media_path, settings.allowed_media_domains),
+            config.model.max_model_len,
+            config.multimodal.limit_per_prompt.get("image", 8),
+        )
+        state["ctx"] = ServingContext(
+            engine, inputs, tokenizer, server_default_params(model_dir), settings.served_model_name, metrics
+        )
+        state["pool"] = pool
+        state["created"] = int(time.time())
+        logger.info(
+            "serving %s as %r; EngineCore pid %d with %d KV blocks",
+            model_dir,
+            settings.served_model_name,
+            engine.client.process.pid,
+            engine.client.num_blocks,
+        )
+        try:
+            yield
+        finally:
+            await engine.shutdown()
+            pool.close()
+
+    app = FastAPI(title="mmserve", lifespan=lifespan)
+
+    def ctx() -> ServingContext:
+        return state["ctx"]
+
+    @app.exception_handler(OpenAIError)
+    async def _openai_error(_request: Request, e: OpenAIError) -> JSONResponse:
+        return e.response()
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation_error(_request: Request, e: RequestValidationError) -> JSONResponse:
+        return bad_request(_describe_validation(e.errors())).response()
+
+    @app.middleware("http")
+    async def _auth(request: Request, call_next):
+        if settings.api_key and _needs_key(request.url.path):
+            header = request.headers.get("authorization", "")
+            supplied = header[len("Bearer ") :] if header.startswith("Bearer ") else ""
+            if not hmac.compare_digest(supplied.encode(), settings.api_key.encode()):
+                return OpenAIError(401, "missing or invalid API key").response()
+        return await call_next(request)
+
+    @app.get("/health")
+    async def health() -> Response:
+        if state.get("dead") or "ctx" not in state or ctx().engine.dead:
+            return JSONResponse(error_body(503, "the engine is not running"), status_code=503)
+        return JSONResponse({})
+
+    @app.get("/v1/models")
+    async def models() -> dict:
+        return {
+            "object": "list",
+            "data": [
+                {
+                    "id": settings.served_model_name,
+                    "object": "model",
+                    "created": state["created"],
+                    "owned_by": "mmserve",
+                    "root": str(model_dir),
+                    "max_model_len": config.model.max_model_len,
+                }
+            ],
+        }
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        stats = state["pool"].stats()
+        ctx().metrics.update_preprocess(stats.cache_queries, stats.cache_hits)
+        return Response(ctx().metrics.render(), media_type="text/plain; version=0.0.4")
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(raw: Request) -> Response:
+        request = await _parse(raw, ChatCompletionRequest)
+        gen = await build_chat(ctx(), request)
+        if request.stream:
+            include_usage = bool(request.stream_options and request.stream_options.include_usage)
+            return StreamingResponse(chat_stream(gen, include_usage), media_type="text/event-stream")
+        return JSONResponse(await _until_disconnected(raw, chat_response(gen)))
+
+    @app.post("/v1/completions")
+    async def completions(raw: Request) -> Response:
+        request = await _parse(raw, CompletionRequest)
+        gen = await build_completion(ctx(), request)
+        if request.stream:
+            include_usage = bool(request.stream_options and request.stream_options.include_usage)
+            return StreamingResponse(completion_stream(gen, include_usage), media_type="text/event-stream")
+        return JSONResponse(await _until_disconnected(raw, completion_response(gen)))
+
+    @app.post("/tokenize")
+    async def tokenize(raw: Request) -> dict:
+        request = await _parse(raw, TokenizeRequest)
+        c = ctx()
+        try:
+            if request.messages is not None:
+                prompt = await c.inputs.chat_async(request.messages)
+            elif request.prompt is not None:
+                prompt = await c.inputs.prompt_async(request.prompt)
+            else:
+                raise bad_request("give either prompt or messages")
+        except Exception as e:
+            raise client_error(e) from None
+        return {
+            "tokens": prompt.token_ids,
+            "count": len(prompt.token_ids),
+            "max_model_len": config.model.max_model_len,
+        }
+
+    @app.post("/detokenize")
+    async def detokenize(raw: Request) -> dict:
+        request = await _parse(raw, DetokenizeRequest)
+        vocab = ctx().tokenizer.vocab_size
+        if any(not 0 <= t < vocab for t in request.tokens):
+            raise bad_request(f"token ids must be in [0, {vocab})", "tokens")
+        return {"prompt": ctx().tokenizer.decode(request.tokens, skip_special_tokens=False)}
+
+    return BodySizeLimit(app, settings.max_body_bytes)
+
+
+def _needs_key(path: str) -> bool:
+    return path.startswith("/v1/") or path in ("/tokenize", "/detokenize")
+
+
+async def _parse(raw: Request, model):
+    try:
+        body = await raw.json()
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):
+        raise bad_request("the request body is not valid JSON") from None
+    if not isinstance(body, dict):
+        raise bad_request("the request body must be a JSON object")
+    try:
+        return model.model_validate(body)
+    except ValidationError as e:
+        raise bad_request(_describe_validation(e.errors())) from None
+
+
+def _describe_validation(errors: list) -> str:
+    first = errors[0] if errors else {}
+    where = ".".join(str(p) for p in first.get("loc", ()) if p != "body")
+    return f"invalid value for {where or 'the request'}: {first.get('msg', 'invalid')}"
+
+
+async def _until_disconnected(raw: Request, coro):
+    """Await a response body, but abandon it (aborting its requests) if the client goes away."""
+    work = asyncio.ensure_future(coro)
+
+    async def disconnected() -> None:
+        while True:
+            message = await raw.receive()
+            if message["type"] == "http.disconnect":
+                return
+
+    watcher = asyncio.ensure_future(disconnected())
+    try:
+        done, _ = await asyncio.wait({work, watcher}, return_when=asyncio.FIRST_COMPLETED)
+        if work in done:
+            return work.result()
+        work.cancel()
+        await asyncio.gather(work, return_exceptions=True)
+        raise OpenAIError(499, "client disconnected")
+    finally:
+        watcher.cancel()

@@ -1,0 +1,46 @@
+"""OpenAI-style error bodies: {"error": {"message", "type", "param", "code"}} with the right status."""
+
+from __future__ import annotations
+
+from http import HTTPStatus
+
+from fastapi.responses import JSONResponse
+
+_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    404: "not_found_error",
+    413: "invalid_request_error",
+    500: "internal_server_error",
+    503: "service_unavailable",
+}
+
+
+class OpenAIError(Exception):
+    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.param = param
+        self.code = code
+
+    def body(self) -> dict:
+        return error_body(self.status, self.message, self.param, self.code)
+
+    def response(self) -> JSONResponse:
+        return JSONResponse(self.body(), status_code=self.status)
+
+
+def error_body(status: int, message: str, param: str | None = None, code: str | None = None) -> dict:
+    return {
+        "error": {
+            "message": message,
+            "type": _TYPES.get(status, HTTPStatus(status).phrase.lower().replace(" ", "_")),
+            "param": param,
+            "code": code if code is not None else status,
+        }
+    }
+
+
+def bad_request(message: str, param: str | None = None) -> OpenAIError:
+    return OpenAIError(400, message, param)

@@ -1,0 +1,108 @@
+"""Request bodies of the OpenAI-compatible routes, validated strictly (a string is not a number).
+
+Fields a client leaves out stay unset, so the model's generation_config.json defaults apply
+to them; `sampling_params` builds the engine's SamplingParams from what was set.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from mmserve.sampling_params import MAX_LOGPROBS, SamplingParams
+
+_STRICT = ConfigDict(strict=True, extra="ignore", allow_inf_nan=False)
+
+
+class StreamOptions(BaseModel):
+    model_config = _STRICT
+    include_usage: bool = False
+
+
+class _SamplingFields(BaseModel):
+    """Fields shared by chat and text completions, with vLLM's extensions."""
+
+    model_config = _STRICT
+    model: str | None = None
+    n: int = 1
+    max_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    stop_token_ids: list[int] | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    repetition_penalty: float | None = None
+    ignore_eos: bool | None = None
+    min_tokens: int | None = None
+    skip_special_tokens: bool | None = None
+    include_stop_str_in_output: bool | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    user: str | None = None
+    priority: int = 0
+
+    def _sampling_overrides(self) -> dict[str, Any]:
+        names = {f.name for f in dataclasses.fields(SamplingParams)}
+        return {k: v for k, v in self.model_dump(exclude_unset=True).items() if k in names and v is not None}
+
+
+class ChatCompletionRequest(_SamplingFields):
+    messages: list[Any] = Field(min_length=1)
+    max_completion_tokens: int | None = None
+    logprobs: bool = False
+    top_logprobs: int | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+
+    def sampling_params(self, defaults: SamplingParams) -> SamplingParams:
+        overrides = self._sampling_overrides()
+        if self.max_completion_tokens is not None:
+            overrides["max_tokens"] = self.max_completion_tokens
+        if self.top_logprobs is not None and not self.logprobs:
+            raise ValueError("top_logprobs requires logprobs to be true")
+        if self.top_logprobs is not None and not 0 <= self.top_logprobs <= MAX_LOGPROBS:
+            raise ValueError(f"top_logprobs must be between 0 and {MAX_LOGPROBS}, got {self.top_logprobs}")
+        overrides["logprobs"] = (self.top_logprobs or 0) if self.logprobs else None
+        return dataclasses.replace(defaults, **overrides)
+
+
+class CompletionRequest(_SamplingFields):
+    prompt: str | list[str] | list[int] | list[list[int]]
+    logprobs: int | None = None
+    echo: bool = False
+
+    def sampling_params(self, defaults: SamplingParams) -> SamplingParams:
+        overrides = self._sampling_overrides()
+        overrides["logprobs"] = self.logprobs
+        if self.echo:
+            raise ValueError("echo is not supported")
+        return dataclasses.replace(defaults, **overrides)
+
+    def prompts(self) -> list[str | list[int]]:
+        prompt = self.prompt
+        if isinstance(prompt, str):
+            return [prompt]
+        if not prompt:
+            raise ValueError("prompt must not be empty")
+        if all(isinstance(p, int) for p in prompt):
+            return [list(prompt)]
+        return list(prompt)
+
+
+class TokenizeRequest(BaseModel):
+    model_config = _STRICT
+    model: str | None = None
+    prompt: str | None = None
+    messages: list[Any] | None = None
+    add_generation_prompt: bool = True
+
+
+class DetokenizeRequest(BaseModel):
+    model_config = _STRICT
+    model: str | None = None
+    tokens: list[int]

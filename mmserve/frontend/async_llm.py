@@ -1,0 +1,131 @@
+"""The serving frontend's engine handle: submit a prompt, stream RequestOutputs, abort.
+
+One background task reads EngineCore's outputs, detokenises them (OutputProcessor) and hands
+each request its snapshots through its own queue, so the API handlers only await queues. If
+EngineCore dies, every open request gets EngineDeadError and `on_engine_dead` is called once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator, Callable
+
+from mmserve.config import EngineConfig
+from mmserve.frontend.core_client import EngineDeadError, MPCoreClient
+from mmserve.frontend.input_processor import ProcessedPrompt
+from mmserve.frontend.output_processor import OutputProcessor
+from mmserve.frontend.tokenizer import Tokenizer
+from mmserve.outputs import RequestOutput
+from mmserve.protocol import EngineRequest, SchedulerStats
+from mmserve.sampling_params import SamplingParams
+
+logger = logging.getLogger("mmserve.frontend")
+
+
+class AsyncLLM:
+    def __init__(
+        self,
+        config: EngineConfig,
+        tokenizer: Tokenizer,
+        on_engine_dead: Callable[[], None] | None = None,
+        on_outputs: Callable[[list[RequestOutput], SchedulerStats | None], None] | None = None,
+    ) -> None:
+        self.config = config
+        self.client = MPCoreClient(config)
+        self.outputs = OutputProcessor(tokenizer)
+        self._queues: dict[str, asyncio.Queue] = {}
+        self._on_engine_dead = on_engine_dead
+        self._on_outputs = on_outputs
+        self._reader: asyncio.Task | None = None
+        self.latest_stats = SchedulerStats()
+        self.dead = False
+
+    async def start(self) -> None:
+        await self.client.start()
+        self._reader = asyncio.create_task(self._read_outputs(), name="mmserve-output-reader")
+
+    @property
+    def num_unfinished(self) -> int:
+        return len(self._queues)
+
+    async def generate(
+        self, request_id: str, prompt: ProcessedPrompt, params: SamplingParams, priority: int = 0
+    ) -> AsyncIterator[RequestOutput]:
+        """Snapshots of the request as it progresses; the last one has `finished` set. Leaving the
+        iteration early (client gone, task cancelled) aborts the request in the engine."""
+        if self.dead:
+            raise EngineDeadError("the engine is not running")
+        queue: asyncio.Queue = asyncio.Queue()
+        children = self.outputs.add_request(request_id, prompt.prompt, prompt.token_ids, params)
+        self._queues[request_id] = queue
+        finished = False
+        try:
+            now = time.monotonic()
+            for engine_id, child_params in children:
+                await self.client.add_request(
+                    EngineRequest(
+                        request_id=engine_id,
+                        prompt_token_ids=prompt.token_ids,
+                        mm_features=prompt.features,
+                        sampling_params=child_params,
+                        arrival_time=now,
+                        priority=priority,
+                    )
+                )
+            while not finished:
+                item = await queue.get()
+                if isinstance(item, BaseException):
+                    raise item
+                finished = item.finished
+                yield item
+        finally:
+            self._queues.pop(request_id, None)
+            if not finished:
+                await self.abort(request_id)
+
+    async def abort(self, request_id: str) -> None:
+        engine_ids = self.outputs.abort(request_id)
+        if engine_ids and not self.dead:
+            await self.client.abort_requests(engine_ids)
+
+    async def _read_outputs(self) -> None:
+        try:
+            while True:
+                engine_outputs = await self.client.get_output()
+                if engine_outputs is None:
+                    if not self.client.is_alive():
+                        raise EngineDeadError(f"EngineCore died (exit code {self.client.process.exitcode})")
+                    continue
+                snapshots, to_abort = self.outputs.process_outputs(engine_outputs.outputs)
+                if to_abort:
+                    await self.client.abort_requests(to_abort)
+                if engine_outputs.stats is not None:
+                    self.latest_stats = engine_outputs.stats
+                for snapshot in snapshots:
+                    queue = self._queues.get(snapshot.request_id)
+                    if queue is not None:
+                        queue.put_nowait(snapshot)
+                if self._on_outputs is not None:
+                    self._on_outputs(snapshots, engine_outputs.stats)
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:
+            error = (
+                e if isinstance(e, EngineDeadError) else EngineDeadError(f"engine output loop failed: {e}")
+            )
+            logger.error("%s; failing %d open requests", error, len(self._queues))
+            self.dead = True
+            for queue in self._queues.values():
+                queue.put_nowait(error)
+            if self._on_engine_dead is not None:
+                self._on_engine_dead()
+
+    async def shutdown(self) -> None:
+        if self._reader is not None:
+            self._reader.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._reader
+        await asyncio.to_thread(self.client.shutdown)
