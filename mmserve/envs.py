@@ -25,3 +25,8 @@ def num_threads() -> int | None:
     """MMSERVE_NUM_THREADS: torch intra-op threads in the engine process (None = torch's default)."""
     value = os.environ.get("MMSERVE_NUM_THREADS")
     return int(value) if value else None
+
+
+def api_key() -> str | None:
+    """MMSERVE_API_KEY: the server's API key when --api-key is not given (keeps it out of `ps`)."""
+    return os.environ.get("MMSERVE_API_KEY") or None

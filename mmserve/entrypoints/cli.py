@@ -88,7 +88,11 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
         default=[],
         help="Hosts from which http(s) images may be fetched.",
     )
-    p.add_argument("--api-key", default=None, help="Require 'Authorization: Bearer KEY' on /v1 routes.")
+    p.add_argument(
+        "--api-key",
+        default=None,
+        help="Require 'Authorization: Bearer KEY' on /v1 routes (or set MMSERVE_API_KEY).",
+    )
     p.add_argument("--seed", type=int, default=0, help="Seed of the engine's random state.")
     p.add_argument("--log-level", default=envs.log_level(), help="debug, info, warning or error.")
     p.add_argument(
@@ -161,7 +165,7 @@ def serve(args: argparse.Namespace) -> int:
     settings = ServerSettings(
         engine=config,
         served_model_name=args.served_model_name or Path(args.model).name,
-        api_key=args.api_key,
+        api_key=args.api_key or envs.api_key(),
         allowed_local_media_path=args.allowed_local_media_path,
         allowed_media_domains=args.allowed_media_domains,
         max_body_bytes=args.max_request_body,
