@@ -18,7 +18,8 @@ from pathlib import Path
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import FileResponse, JSONResponse, Response, StreamingResponse
+from fastapi.staticfiles import StaticFiles
 from pydantic import ValidationError
 
 from mmserve.config import EngineConfig
@@ -48,6 +49,7 @@ from mmserve.sampling_params import SamplingParams
 from preprocess import PreprocessPool, ProcessorSettings
 
 logger = logging.getLogger("mmserve.api_server")
+WEB_DIR = Path(__file__).resolve().parents[2] / "web"
 
 
 @dataclass
@@ -271,6 +273,11 @@ def build_app(settings: ServerSettings) -> FastAPI:
             raise bad_request(f"token ids must be in [0, {vocab})", "tokens")
         return {"prompt": ctx().tokenizer.decode(request.tokens, skip_special_tokens=False)}
 
+    @app.get("/", include_in_schema=False)
+    async def chat_page() -> FileResponse:
+        return FileResponse(WEB_DIR / "index.html")
+
+    app.mount("/static", StaticFiles(directory=WEB_DIR), name="static")
     return BodySizeLimit(app, settings.max_body_bytes)
 
 
