@@ -7,6 +7,7 @@ import os
 import signal
 from typing import TYPE_CHECKING
 
+import msgspec
 import zmq
 
 from mmserve import protocol
@@ -73,7 +74,11 @@ def _drain_inbox(inbox: zmq.Socket, engine_core: EngineCore) -> None:
         except zmq.Again:
             return
         kind = bytes(frames[0])
-        if kind == protocol.ADD:
-            engine_core.add_request(protocol.decode_add(frames))
-        elif kind == protocol.ABORT:
-            engine_core.abort_requests(protocol.decode_abort(frames))
+        try:
+            if kind == protocol.ADD:
+                engine_core.add_request(protocol.decode_add(frames))
+            elif kind == protocol.ABORT:
+                engine_core.abort_requests(protocol.decode_abort(frames))
+        except (msgspec.DecodeError, ValueError, StopIteration) as e:
+            # A malformed message is the sender's bug; drop it rather than the engine.
+            logger.error("dropping a malformed %r message: %s", kind, e)

@@ -6,13 +6,16 @@ through the SchedulerOutput / ModelRunnerOutput contract only.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable
 from typing import Protocol
 
 from mmserve.core.request import Request
 from mmserve.core.sched_output import ModelRunnerOutput, SchedulerOutput
 from mmserve.core.scheduler import Scheduler
-from mmserve.protocol import EngineCoreOutput, EngineCoreOutputs, EngineRequest
+from mmserve.protocol import EngineCoreOutput, EngineCoreOutputs, EngineRequest, MultiModalFeature
+
+logger = logging.getLogger("mmserve.engine_core")
 
 
 class Executor(Protocol):
@@ -37,6 +40,7 @@ class EngineCore:
             engine_request.priority,
         )
         try:
+            check_features(engine_request.mm_features, len(engine_request.prompt_token_ids))
             self.scheduler.add_request(request)
         except ValueError as e:
             self._pending.append(
@@ -51,9 +55,44 @@ class EngineCore:
 
     def step(self) -> EngineCoreOutputs:
         scheduler_output = self.scheduler.schedule()
-        runner_output = self.executor.execute_model(scheduler_output)
+        try:
+            runner_output = self.executor.execute_model(scheduler_output)
+        except Exception as e:
+            # A fault in one step must not take the engine down: fail that step's requests (the
+            # runner drops them with the next step) and carry on serving everyone else.
+            logger.exception(
+                "model execution failed; failing the %d requests of this step",
+                len(scheduler_output.num_scheduled_tokens),
+            )
+            return self._fail_step(
+                scheduler_output, f"internal error while running the model: {type(e).__name__}"
+            )
         outputs = self.scheduler.update_from_output(scheduler_output, runner_output)
         if self._pending:
             outputs.outputs[:0] = self._pending
             self._pending = []
         return outputs
+
+    def _fail_step(self, scheduler_output: SchedulerOutput, message: str) -> EngineCoreOutputs:
+        aborted = self.scheduler.abort_requests(list(scheduler_output.num_scheduled_tokens))
+        failed = [EngineCoreOutput(o.request_id, [], finish_reason="error", error=message) for o in aborted]
+        outputs = EngineCoreOutputs(outputs=self._pending + failed, stats=self.scheduler.stats())
+        self._pending = []
+        return outputs
+
+
+def check_features(features: list[MultiModalFeature], num_prompt_tokens: int) -> None:
+    """Reject image metadata that could not have come from the preprocessor: placeholder runs
+    outside the prompt or overlapping, or pixels that do not match the patch grid."""
+    end = 0
+    for f in sorted(features, key=lambda f: f.offset):
+        t, h, w = f.grid_thw
+        if f.length < 1 or f.offset < end or f.offset + f.length > num_prompt_tokens:
+            raise ValueError(f"image placeholder span ({f.offset}, {f.length}) does not fit the prompt")
+        if min(t, h, w) < 1 or (t * h * w) % f.length:
+            raise ValueError(f"image grid {f.grid_thw} does not match its {f.length} placeholder tokens")
+        if f.pixel_values is not None and (f.pixel_values.ndim != 2 or f.pixel_values.shape[0] != t * h * w):
+            raise ValueError(
+                f"image pixels of shape {f.pixel_values.shape} do not match its grid {f.grid_thw}"
+            )
+        end = f.offset + f.length
