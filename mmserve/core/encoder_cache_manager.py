@@ -1,15 +1,17 @@
 """Bookkeeping for the encoder cache: which image embeddings exist, who still needs them.
 
 Storage lives in the worker; this class only decides. Capacity is counted in embeddings (one
-per placeholder token). An entry is referenced by every request whose computation has not yet
-passed that image; unreferenced entries stay cached (a later request with the same image gets
-them for free) in LRU order until space is needed. Hashes evicted since the last step are
+per placeholder token). An entry is referenced by every request whose computation has reached
+that image and not yet passed it (an image repeated in one prompt is referenced again at each
+occurrence); unreferenced entries stay cached (a later request or occurrence with the same image
+gets them for free) in LRU order until space is needed. Hashes evicted since the last step are
 handed to the worker, which drops the tensors.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Collection
 
 
 class EncoderCacheManager:
@@ -25,9 +27,10 @@ class EncoderCacheManager:
     def is_cached(self, mm_hash: str) -> bool:
         return mm_hash in self.sizes
 
-    def can_allocate(self, num_embeddings: int) -> bool:
-        """Room for a new entry, counting what evicting unreferenced entries would free."""
-        evictable = sum(self.sizes[h] for h in self.unreferenced)
+    def can_allocate(self, num_embeddings: int, keep: Collection[str] = ()) -> bool:
+        """Room for `num_embeddings` more, counting what evicting unreferenced entries would free,
+        except those in `keep` (cached entries the caller is about to reference)."""
+        evictable = sum(self.sizes[h] for h in self.unreferenced if h not in keep)
         return num_embeddings <= self.num_free_slots + evictable
 
     def allocate(self, mm_hash: str, num_embeddings: int, request_id: str) -> None:

@@ -1,16 +1,18 @@
 """The scheduler: one token budget per step, shared by prompt and generated tokens.
 
-Each step decides {request_id: num_tokens}. Running requests go first, each asking for all the
-tokens it has not computed yet (one, once decoding; the rest of its prompt while prefilling),
-capped by the step budget; then waiting requests are admitted in queue order, starting after
-their longest cached prefix. Chunked prefill is simply a request receiving fewer tokens than it
-has left. Images add one rule: a span that reaches an image not in the encoder cache encodes the
-whole image this step if the encoder budget and cache allow, else stops just before it. When KV
-blocks run out, the lowest-priority running request is preempted and later recomputed.
+Each step decides {request_id: num_tokens}. Running requests go first (in admission order, or
+most urgent first under the priority policy), each asking for all the tokens it has not computed
+yet (one, once decoding; the rest of its prompt while prefilling), capped by the step budget;
+then waiting requests are admitted in queue order, starting after their longest cached prefix.
+Chunked prefill is simply a request receiving fewer tokens than it has left. Images add one rule:
+a span that reaches an image not in the encoder cache encodes the whole image this step if the
+encoder budget and cache allow, else stops just before it. When KV blocks run out, the
+lowest-priority running request is preempted and later recomputed.
 """
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -36,6 +38,11 @@ class _EncoderPlan:
     to_encode: list[int]  # feature indices to encode this step
     to_reference: list[int]  # feature indices already cached
     encoder_budget: int  # what remains of the step's encoder budget afterwards
+
+
+def _urgency(request: Request) -> tuple[int, float]:
+    """Sort key under the priority policy: lower runs first (priority, then arrival)."""
+    return request.priority, request.arrival_time
 
 
 class Scheduler:
@@ -86,7 +93,7 @@ class Scheduler:
                     f"an image needs {f.length} tokens, more than the encoder budget/cache allows per "
                     f"image ({limit}); raise them or send a smaller image"
                 )
-        if -(-request.num_prompt_tokens // self.block_size) > self.kv.pool.num_blocks:
+        if -(-(request.num_prompt_tokens + 1) // self.block_size) > self.kv.pool.num_blocks:
             raise ValueError(
                 f"the prompt needs more KV blocks than the cache holds ({self.kv.pool.num_blocks})"
             )
@@ -114,7 +121,7 @@ class Scheduler:
         cached = CachedRequestData()
         preempted = False
 
-        # Running requests first, oldest first; preemption takes from the back.
+        # Running requests first, oldest (or most urgent) first; preemption takes from the back.
         i = 0
         while i < len(self.running) and token_budget > 0:
             request = self.running[i]
@@ -170,7 +177,11 @@ class Scheduler:
             request.num_computed_tokens = num_hit
             if request.num_cached_tokens < 0:
                 request.num_cached_tokens = num_hit
-            self.running.append(request)
+            if self.waiting.priority_policy:
+                # Most urgent first: served first, and victims (taken from the back) are the least urgent.
+                bisect.insort(self.running, request, key=_urgency)
+            else:
+                self.running.append(request)
             self._apply_encoder_plan(request, plan, encoder_inputs)
             encoder_budget = plan.encoder_budget
             num_scheduled[request.request_id] = plan.num_new_tokens
@@ -200,32 +211,42 @@ class Scheduler:
         return min(num_new, token_budget)
 
     def _plan_encoder(self, request: Request, num_computed: int, num_new: int, budget: int) -> _EncoderPlan:
+        """Cached images the span reads are kept: their room cannot go to the ones it encodes."""
+        cache = self.encoder_cache
         to_encode, to_reference = [], []
-        planned: set[str] = set()
+        encoded: set[str] = set()
+        kept: set[str] = set()
+        encode_size = 0
         for index, f in enumerate(request.mm_features):
             if f.offset >= num_computed + num_new:
                 break
-            if f.offset + f.length <= num_computed:
-                continue  # already computed past this image
-            if self.encoder_cache.is_cached(f.mm_hash) or f.mm_hash in planned:
-                to_reference.append(index)
-                continue
-            needed = f.length + sum(request.mm_features[j].length for j in to_encode)
-            if f.length > budget or not self.encoder_cache.can_allocate(needed):
+            if f.offset + f.length <= num_computed or f.mm_hash in encoded or f.mm_hash in kept:
+                continue  # already computed past this image, or already in the plan
+            is_cached = cache.is_cached(f.mm_hash)
+            if is_cached:
+                fits = cache.can_allocate(encode_size, keep=kept | {f.mm_hash})
+            else:
+                fits = f.length <= budget and cache.can_allocate(encode_size + f.length, keep=kept)
+            if not fits:
                 num_new = max(f.offset - num_computed, 0)  # stop just before this image
                 break
-            budget -= f.length
-            planned.add(f.mm_hash)
-            to_encode.append(index)
+            if is_cached:
+                kept.add(f.mm_hash)
+                to_reference.append(index)
+            else:
+                budget -= f.length
+                encode_size += f.length
+                encoded.add(f.mm_hash)
+                to_encode.append(index)
         return _EncoderPlan(num_new, to_encode, to_reference, budget)
 
     def _apply_encoder_plan(self, request: Request, plan: _EncoderPlan, encoder_inputs: dict) -> None:
         rid = request.request_id
+        for index in plan.to_reference:  # first, so that allocating cannot evict them
+            self.encoder_cache.add_reference(request.mm_features[index].mm_hash, rid)
         for index in plan.to_encode:
             f = request.mm_features[index]
             self.encoder_cache.allocate(f.mm_hash, f.length, rid)
-        for index in plan.to_reference:
-            self.encoder_cache.add_reference(request.mm_features[index].mm_hash, rid)
         if plan.to_encode:
             encoder_inputs[rid] = plan.to_encode
             self.num_encoder_runs += len(plan.to_encode)
@@ -243,7 +264,7 @@ class Scheduler:
 
     def _pick_victim(self, candidates: list[Request]) -> Request:
         if self.waiting.priority_policy:
-            return max(candidates, key=lambda r: (r.priority, r.arrival_time))
+            return max(candidates, key=_urgency)
         return candidates[-1]
 
     def _preempt(self, request: Request) -> None:
@@ -301,13 +322,14 @@ class Scheduler:
         return None
 
     def _release_passed_images(self, request: Request) -> None:
-        """Drop references to images the request has computed past (their last occurrence)."""
-        last_end: dict[str, int] = {}
+        """Keep references only to images the request is in the middle of. An image repeated later
+        in the prompt is referenced again when reached (a hit while it stays cached): holding it
+        across the gap could fill the cache with images that requests wait on each other to pass."""
+        num_computed = request.num_computed_tokens
+        inside = {f.mm_hash for f in request.mm_features if f.offset < num_computed < f.offset + f.length}
         for f in request.mm_features:
-            last_end[f.mm_hash] = max(last_end.get(f.mm_hash, 0), f.offset + f.length)
-        for mm_hash, end in last_end.items():
-            if end <= request.num_computed_tokens:
-                self.encoder_cache.release(mm_hash, request.request_id)
+            if f.offset < num_computed and f.mm_hash not in inside:
+                self.encoder_cache.release(f.mm_hash, request.request_id)
 
     def _fail(self, request: Request, message: str) -> None:
         self._finish(request, RequestStatus.FINISHED_ERROR)
