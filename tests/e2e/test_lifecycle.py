@@ -103,10 +103,25 @@ def test_non_streaming_client_that_disconnects_is_aborted(fresh_server):
     assert metric(url, "mmserve:num_requests_running") == 0
 
 
-def test_sigterm_stops_every_child_within_five_seconds(model_path, tmp_path):
+@pytest.fixture
+def make_server(model_path, tmp_path):
+    """Servers a test starts and may kill itself; whatever is left is stopped afterwards."""
+    started: list[ServerProcess] = []
+
+    def start(*args: str) -> ServerProcess:
+        server = ServerProcess(model_path, *args, log_path=tmp_path / f"log{len(started)}")
+        started.append(server)
+        server.wait_healthy()
+        return server
+
+    yield start
+    for server in started:
+        server.stop()
+
+
+def test_sigterm_stops_every_child_within_five_seconds(make_server):
     before = our_shm_segments()
-    server = ServerProcess(model_path, "--preprocess-workers", "2", log_path=tmp_path / "log")
-    server.wait_healthy()
+    server = make_server("--preprocess-workers", "2")
     children = descendants(server.proc.pid)
     assert len(children) >= 3  # EngineCore and two preprocess workers (plus multiprocessing helpers)
 
@@ -123,12 +138,10 @@ def test_sigterm_stops_every_child_within_five_seconds(model_path, tmp_path):
     server.proc.wait(timeout=5)
     assert wait_for(lambda: not any(is_alive(p) for p in children), 5 - (time.monotonic() - start))
     assert our_shm_segments() <= before
-    server.stop()
 
 
-def test_dead_engine_core_fails_requests_and_the_server_exits_nonzero(model_path, tmp_path):
-    server = ServerProcess(model_path, "--preprocess-workers", "1", log_path=tmp_path / "log")
-    server.wait_healthy()
+def test_dead_engine_core_fails_requests_and_the_server_exits_nonzero(make_server):
+    server = make_server("--preprocess-workers", "1")
     results: list = []
 
     def stream() -> None:
@@ -146,7 +159,6 @@ def test_dead_engine_core_fails_requests_and_the_server_exits_nonzero(model_path
     reader.join(10)
     assert results[0] == 200 and "error" in results[1] and results[1].endswith("data: [DONE]")
     assert server.proc.wait(timeout=5) != 0
-    server.stop()
 
 
 def _health(url: str) -> int | None:

@@ -1,0 +1,82 @@
+"""A page object for the chat page, and a way to load the page with no server behind it."""
+
+from __future__ import annotations
+
+import mimetypes
+from pathlib import Path
+
+from playwright.sync_api import Page, Route, expect
+
+WEB_DIR = Path(__file__).resolve().parents[2] / "mmserve" / "web"
+
+# A secure-context origin (clipboard, like the real server on 127.0.0.1) that never reaches the
+# network: page.route answers every request to it.
+OFFLINE_URL = "http://localhost:9/"
+
+
+def serve_web_dir(page: Page) -> None:
+    """Answer OFFLINE_URL's page and /static/ files from mmserve/web, as the server would."""
+
+    def handle(route: Route) -> None:
+        path = route.request.url[len(OFFLINE_URL) :].split("?")[0]
+        file = WEB_DIR / (path.removeprefix("static/") if path else "index.html")
+        if not path or (path.startswith("static/") and file.is_file()):
+            route.fulfill(path=file, content_type=mimetypes.guess_type(file.name)[0])
+        else:
+            route.fulfill(status=404, body="not found")
+
+    page.route(OFFLINE_URL + "**", handle)
+
+
+class ChatPage:
+    """What a user does on the chat page, in the page's own words (labels and roles)."""
+
+    def __init__(self, page: Page, url: str) -> None:
+        self.page = page
+        self.url = url
+        self.prompt = page.get_by_role("textbox", name="Message", exact=True)
+        self.thread = page.locator("#thread")
+        self.answers = page.locator(".message.assistant")
+        self.user_messages = page.locator(".message.user")
+        self.conversations = page.locator("#conversation-list .conversation")
+        self.notice = page.locator("#notice")
+
+    def open(self) -> ChatPage:
+        self.page.goto(self.url)
+        expect(self.prompt).to_be_editable()
+        return self
+
+    def set_settings(self, **fields: object) -> None:
+        self.page.get_by_role("button", name="Settings").click()
+        dialog = self.page.get_by_role("dialog", name="Settings")
+        for name, value in fields.items():
+            dialog.locator(f"[name={name}]").fill(str(value))
+        dialog.get_by_role("button", name="Done").click()
+        expect(dialog).to_be_hidden()
+
+    def attach(self, *paths: Path) -> None:
+        before = self.page.locator("#attachments img").count()
+        self.page.locator("#file-input").set_input_files(list(paths))
+        expect(self.page.locator("#attachments img")).to_have_count(before + len(paths))
+
+    def send(self, text: str) -> None:
+        self.prompt.fill(text)
+        self.prompt.press("Enter")
+
+    def wait_for_answer(self, index: int, timeout_s: float = 30):
+        """The index-th answer once it has finished (streamed to the end, stopped, or failed)."""
+        answer = self.answers.nth(index)
+        expect(answer.locator(".actions")).to_be_attached(timeout=timeout_s * 1000)
+        return answer
+
+    def render_markdown(self, text: str) -> str:
+        """The page's renderer applied to `text`, as the browser serialises it."""
+        return self.page.evaluate(
+            """async (text) => {
+                const { renderMarkdown } = await import(new URL("static/markdown.js", document.baseURI));
+                const probe = document.createElement("div");
+                probe.innerHTML = renderMarkdown(text);
+                return probe.innerHTML;
+            }""",
+            text,
+        )

@@ -1,0 +1,182 @@
+"""The chat page against a real `mmserve serve` on the tiny random-weight Qwen2-VL.
+
+Answers are gibberish but deterministic at temperature 0, so the page's answer can be compared
+with what the API returns for the same request.
+"""
+
+from __future__ import annotations
+
+import base64
+import re
+import time
+
+import httpx
+import pytest
+from chat_page import ChatPage
+from playwright.sync_api import expect
+
+from mmserve.testing.checkpoints import checkpoint
+from mmserve.testing.server import ServerProcess
+
+MAX_TOKENS = 6  # short answers keep the module fast on a CPU
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    log_path = tmp_path_factory.mktemp("server") / "log"
+    # A small KV cache (2048 blocks, plenty here) starts in seconds instead of half a minute.
+    args = ("--preprocess-workers", "1", "--kv-cache-memory", "64MiB")
+    proc = ServerProcess(checkpoint("qwen2_vl"), *args, log_path=log_path)
+    try:
+        proc.wait_healthy()
+        yield proc
+    finally:
+        proc.stop()
+
+
+@pytest.fixture
+def chat(page, server) -> ChatPage:
+    chat = ChatPage(page, server.url + "/").open()
+    chat.set_settings(temperature=0, max_tokens=MAX_TOKENS)
+    return chat
+
+
+def data_url(path) -> str:
+    return "data:image/png;base64," + base64.b64encode(path.read_bytes()).decode()
+
+
+def api_answer(server, messages: list[dict]) -> str:
+    """The answer the API gives for the same request as the page's (greedy, same max_tokens)."""
+    body = {"messages": messages, "temperature": 0, "max_tokens": MAX_TOKENS}
+    response = httpx.post(server.url + "/v1/chat/completions", json=body, timeout=60)
+    response.raise_for_status()
+    return response.json()["choices"][0]["message"]["content"]
+
+
+def user_turn(text: str, *image_paths) -> dict:
+    images = [{"type": "image_url", "image_url": {"url": data_url(p)}} for p in image_paths]
+    return {"role": "user", "content": [*images, {"type": "text", "text": text}]}
+
+
+def requests_running(server) -> float:
+    metrics = httpx.get(server.url + "/metrics").text
+    return float(re.search(r"^mmserve:num_requests_running\{.*\} (\S+)$", metrics, re.M).group(1))
+
+
+def test_streamed_answer_equals_the_api_answer(chat, server, image_paths, context):
+    context.grant_permissions(["clipboard-read", "clipboard-write"])
+    expected = api_answer(server, [user_turn("What is in this picture?", image_paths[0])])
+
+    chat.attach(image_paths[0])
+    chat.send("What is in this picture?")
+    # Part of the answer is on screen while it is still being generated.
+    expect(chat.page.locator(".message.assistant[aria-busy=true] .markdown")).not_to_be_empty()
+    answer = chat.wait_for_answer(0)
+
+    assert answer.locator(".markdown").inner_html() == chat.render_markdown(expected)
+    answer.get_by_role("button", name="Copy the answer").click()
+    assert chat.page.evaluate("navigator.clipboard.readText()") == expected
+    expect(answer.locator("[data-stat=completion]")).to_have_text(f"{MAX_TOKENS} completion")
+    expect(answer.locator("[data-stat=ttft]")).to_have_text(re.compile(r"TTFT \d"))
+    expect(answer.locator("[data-stat=speed]")).to_have_text(re.compile(r"\d+\.\d tok/s"))
+    expect(chat.user_messages.first.locator("img")).to_have_count(1)
+
+
+def test_second_turn_about_the_same_image_shows_a_prefix_cache_hit(chat, image_paths):
+    chat.attach(image_paths[1])
+    chat.send("Describe the image.")
+    chat.wait_for_answer(0)
+    chat.send("What colour is the largest shape?")
+    second = chat.wait_for_answer(1)
+
+    share = second.locator("[data-stat=cache]").inner_text()
+    assert int(re.fullmatch(r"cache (\d+)%", share).group(1)) > 0
+
+
+def test_conversation_survives_a_reload(chat, image_paths):
+    chat.attach(image_paths[0])
+    chat.send("Remember this picture.")
+    answer_html = chat.wait_for_answer(0).locator(".markdown").inner_html()
+    chat.page.get_by_role("button", name="Rename Remember this picture.").click()
+    chat.page.get_by_role("textbox", name="New title").fill("Picture notes")
+    chat.page.keyboard.press("Enter")
+
+    chat.page.reload()
+
+    expect(chat.conversations).to_have_count(1)
+    expect(chat.page.get_by_role("button", name="Picture notes", exact=True)).to_have_attribute(
+        "aria-current", "true"
+    )
+    expect(chat.user_messages).to_have_count(1)
+    expect(chat.user_messages.first).to_contain_text("Remember this picture.")
+    image = chat.user_messages.first.locator("img")
+    expect(image).to_have_js_property("complete", True)
+    assert image.evaluate("img => img.naturalWidth") == 224
+    assert chat.answers.first.locator(".markdown").inner_html() == answer_html
+    expect(chat.answers.first.locator("[data-stat=cache]")).to_be_visible()
+
+
+def test_stop_ends_the_stream_and_leaves_the_page_usable(chat, server, image_paths):
+    chat.set_settings(max_tokens=2000)
+    chat.attach(image_paths[0])
+    chat.send("Tell me a long story about this picture.")
+    streaming = chat.page.locator(".message.assistant[aria-busy=true] .markdown")
+    expect(streaming).not_to_be_empty()
+    chat.page.get_by_role("button", name="Stop").click()
+
+    answer = chat.wait_for_answer(0, timeout_s=5)
+    expect(answer).to_contain_text("Stopped.")
+    stopped_text = answer.locator(".markdown").inner_text()
+    deadline = time.monotonic() + 10
+    while requests_running(server) and time.monotonic() < deadline:  # the server aborted it too
+        time.sleep(0.2)
+    assert requests_running(server) == 0
+    assert answer.locator(".markdown").inner_text() == stopped_text
+
+    expect(chat.page.get_by_role("button", name="Send", exact=True)).to_be_visible()
+    chat.set_settings(max_tokens=MAX_TOKENS)
+    chat.send("A short one, then.")
+    expect(chat.wait_for_answer(1).locator("[data-stat=completion]")).to_have_text(f"{MAX_TOKENS} completion")
+
+
+def test_server_error_is_shown_inline_and_regenerate_recovers(chat, image_paths):
+    chat.set_settings(temperature=-1)
+    chat.attach(image_paths[0])
+    chat.send("This request is invalid.")
+
+    error = chat.wait_for_answer(0).locator(".error")
+    expect(error).to_contain_text("temperature must be non-negative")
+    expect(error).to_contain_text("HTTP 400")
+    expect(chat.user_messages).to_have_count(1)
+
+    chat.set_settings(temperature=0)
+    chat.answers.first.get_by_role("button", name="Regenerate this answer").click()
+    answer = chat.wait_for_answer(0)
+    expect(answer.locator(".error")).to_have_count(0)
+    expect(answer.locator("[data-stat=completion]")).to_have_text(f"{MAX_TOKENS} completion")
+
+
+def test_layouts_wide_and_narrow(chat, image_paths, screenshot_dir):
+    chat.attach(*image_paths)
+    chat.send("Compare these two pictures.\n\nAnswer briefly.")
+    chat.wait_for_answer(0)
+    chat.page.screenshot(path=screenshot_dir / "wide.png")
+
+    chat.page.emulate_media(color_scheme="dark")
+    chat.page.screenshot(path=screenshot_dir / "wide-dark.png")
+    chat.page.emulate_media(color_scheme="light")
+
+    chat.page.emulate_media(reduced_motion="reduce")  # no sliding drawer half-way in a screenshot
+    chat.page.set_viewport_size({"width": 390, "height": 844})
+    sidebar = chat.page.get_by_role("complementary", name="Conversations")
+    expect(sidebar).to_be_hidden()
+    expect(chat.prompt).to_be_in_viewport()
+    assert chat.page.evaluate("document.documentElement.scrollWidth") <= 390
+    chat.page.screenshot(path=screenshot_dir / "narrow.png")
+
+    chat.page.get_by_role("button", name="Show conversations").click()
+    expect(sidebar).to_be_visible()
+    chat.page.screenshot(path=screenshot_dir / "narrow-sidebar.png")
+    chat.page.keyboard.press("Escape")
+    expect(sidebar).to_be_hidden()
+    expect(chat.page.get_by_role("button", name="Show conversations")).to_be_focused()
