@@ -1,0 +1,105 @@
+"""POSIX shared-memory segments holding `pixel_values`.
+
+A worker creates a segment (or reuses a spare the pool hands it) and writes it; the pool
+process maps it read-only and owns its lifetime; any other process on the host may map it
+read-only from its `ShmHandle`. A segment may be larger than its pixels (`segment_size`).
+
+Built on `_posixshmem` (the module behind `multiprocessing.shared_memory`) and `mmap` rather
+than `SharedMemory` objects: a mapping here is never closed by hand, it goes away when the last
+numpy view of it does, so a caller holding an array can never see it unmapped, and attaching
+registers nothing with a resource tracker (before Python 3.13, `SharedMemory(name)` did, which
+made the attaching process's tracker unlink a segment it did not own).
+
+Creators register each segment with multiprocessing's resource tracker, which spawned workers
+share with the pool: if the pool process dies abruptly, the tracker unlinks what is left.
+"""
+
+from __future__ import annotations
+
+import _posixshmem
+import mmap
+import os
+from dataclasses import dataclass
+from multiprocessing import resource_tracker
+
+import numpy as np
+
+SEGMENT_PREFIX = "mmserve_pp_"  # every segment this package creates starts with this
+_SHM_DIR = "/dev/shm"  # where Linux lists POSIX segments; used only to sweep leftovers
+_MIN_SEGMENT_BYTES = 64 * 1024
+
+
+@dataclass(frozen=True)
+class ShmHandle:
+    """Enough for any process on this host to map a `pixel_values` array read-only."""
+
+    shm_name: str
+    shape: tuple[int, ...]
+    dtype: str = "float32"
+
+    @property
+    def nbytes(self) -> int:
+        return int(np.prod(self.shape)) * np.dtype(self.dtype).itemsize
+
+
+def segment_size(nbytes: int) -> int:
+    """Bytes to allocate for `nbytes` of pixels: rounded up to one of four sizes per power of
+    two (at most 25% slack), so similar images can reuse each other's segments."""
+    if nbytes <= _MIN_SEGMENT_BYTES:
+        return _MIN_SEGMENT_BYTES
+    octave = 1 << ((nbytes - 1).bit_length() - 1)  # largest power of two below nbytes
+    quarter = octave // 4
+    return -(-nbytes // quarter) * quarter
+
+
+def map_writable(handle: ShmHandle, segment_bytes: int, *, create: bool) -> np.ndarray:
+    """A writable view of `handle`'s pixels, in a new segment of `segment_bytes` (`create`)
+    or in an existing one of at least that size. The caller must `unlink` a segment it
+    created if it cannot hand the handle on."""
+    path = "/" + handle.shm_name
+    fd = _posixshmem.shm_open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR if create else os.O_RDWR, mode=0o600)
+    try:
+        if create:
+            resource_tracker.register(path, "shared_memory")
+            os.ftruncate(fd, segment_bytes)
+        # Writing past the end of the segment would be a SIGBUS, not an exception.
+        if os.fstat(fd).st_size < handle.nbytes:
+            raise ValueError(f"segment {handle.shm_name} is smaller than the {handle.nbytes} bytes needed")
+        # MAP_POPULATE maps every page in one call rather than one fault per page: the whole
+        # array is written next anyway.
+        buffer = mmap.mmap(fd, handle.nbytes, flags=mmap.MAP_SHARED | mmap.MAP_POPULATE)
+    except BaseException:
+        if create:
+            unlink(handle.shm_name)
+        raise
+    finally:
+        os.close(fd)
+    return np.frombuffer(buffer, dtype=handle.dtype).reshape(handle.shape)
+
+
+def attach(handle: ShmHandle) -> np.ndarray:
+    """Map an existing segment read-only (writes raise). FileNotFoundError once unlinked."""
+    fd = _posixshmem.shm_open("/" + handle.shm_name, os.O_RDONLY, mode=0o600)
+    try:
+        buffer = mmap.mmap(fd, handle.nbytes, prot=mmap.PROT_READ)
+    finally:
+        os.close(fd)
+    return np.frombuffer(buffer, dtype=handle.dtype).reshape(handle.shape)
+
+
+def unlink(shm_name: str) -> bool:
+    """Remove the name (mapped views stay valid until dropped). Idempotent: returns whether
+    this call removed it, and only that call tells the resource tracker, so it hears once."""
+    try:
+        _posixshmem.shm_unlink("/" + shm_name)
+    except FileNotFoundError:
+        return False
+    resource_tracker.unregister("/" + shm_name, "shared_memory")
+    return True
+
+
+def list_segments(prefix: str = SEGMENT_PREFIX) -> list[str]:
+    """Names of existing segments starting with `prefix` (Linux; empty elsewhere)."""
+    if not os.path.isdir(_SHM_DIR):
+        return []
+    return sorted(name for name in os.listdir(_SHM_DIR) if name.startswith(prefix))

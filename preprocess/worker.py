@@ -1,0 +1,89 @@
+"""One preprocessing step (`run_task`) and the worker process loop around it.
+
+The loop is deliberately dumb: receive a `Task`, run it, send a `TaskDone`. Scheduling,
+retries and death handling live in the supervisor, in the pool process.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+
+import numpy as np
+
+from preprocess import shm
+from preprocess.decode import ImageSource, decode_rgb
+from preprocess.errors import ImageError, PreprocessFailed
+from preprocess.image import GridTHW, process_rgb
+from preprocess.settings import ProcessorSettings
+
+
+@dataclass(frozen=True)
+class Task:
+    """Process `source` into the segment `shm_name`: a spare of `segment_bytes` if `recycled`,
+    else a new one of that size. The pool chooses the segment, so it can clean it up even if
+    the worker dies half-way."""
+
+    task_id: int
+    image_id: str
+    source: ImageSource
+    shm_name: str
+    segment_bytes: int
+    recycled: bool
+
+
+@dataclass(frozen=True)
+class TaskDone:
+    """Exactly one of (`handle`, `grid`) or `error` is set."""
+
+    task_id: int
+    handle: shm.ShmHandle | None = None
+    grid: GridTHW | None = None
+    error: Exception | None = None
+
+
+@dataclass(frozen=True)
+class WorkerReady:
+    pid: int
+
+
+def run_task(task: Task, settings: ProcessorSettings) -> TaskDone:
+    """Decode, transform and write into shared memory. Never raises for a bad image or an
+    internal failure: both come back as `TaskDone.error`, and a segment this call created is
+    unlinked again (a recycled one stays the pool's)."""
+    handle: shm.ShmHandle | None = None
+
+    def allocate(shape: tuple[int, int]) -> np.ndarray:
+        nonlocal handle
+        handle = shm.ShmHandle(task.shm_name, shape)
+        return shm.map_writable(handle, task.segment_bytes, create=not task.recycled)
+
+    try:
+        grid = process_rgb(decode_rgb(task.source, settings), settings, allocate)
+    except Exception as exc:
+        if handle is not None and not task.recycled:
+            shm.unlink(handle.shm_name)
+        if not isinstance(exc, ImageError):
+            exc = PreprocessFailed(f"preprocessing failed unexpectedly: {type(exc).__name__}: {exc}")
+        return TaskDone(task.task_id, error=exc)
+    return TaskDone(task.task_id, handle=handle, grid=grid)
+
+
+def worker_main(conn: Connection, settings: ProcessorSettings) -> None:
+    """Entry point of a worker process; returns when told to (None) or when the pool is gone."""
+    # Ctrl-C belongs to the pool process, which shuts workers down in order.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    conn.send(WorkerReady(os.getpid()))
+    while True:
+        try:
+            task = conn.recv()
+        except EOFError:
+            return
+        if task is None:
+            return
+        try:
+            conn.send(run_task(task, settings))
+        except (BrokenPipeError, ConnectionResetError):
+            return  # the pool process is gone; its resource tracker reclaims the segment
