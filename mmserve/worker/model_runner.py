@@ -19,7 +19,7 @@ from mmserve.core.sched_output import (
     SchedulerOutput,
 )
 from mmserve.layers.attention import get_attention_backend
-from mmserve.layers.sampler import Sampler
+from mmserve.layers.sampler import LogprobsTensors, Sampler
 from mmserve.models.loader import load_model
 from mmserve.worker.encoder_cache import EncoderCache
 from mmserve.worker.input_batch import InputBatch, new_request_state
@@ -135,6 +135,7 @@ class ModelRunner:
         return embeds
 
     def _sample(self, inputs: StepInputs, hidden: torch.Tensor) -> ModelRunnerOutput:
+        """Sample for the requests that computed their last known token; append to the batch."""
         sampled_rows = inputs.rows[inputs.sample_mask]
         sampled_token_ids: list[list[int]] = [[] for _ in inputs.req_ids]
         logprobs: dict[str, LogprobsLists] = {}
@@ -144,27 +145,23 @@ class ModelRunner:
                 self.batch, sampled_rows, self.model_config.vocab_size, self.device
             )
             result = self.sampler(logits, metadata)
-            tokens = result.sampled_token_ids.tolist()
             positions = np.nonzero(inputs.sample_mask)[0]
-            for i, (pos, row, token) in enumerate(zip(positions, sampled_rows, tokens)):
+            for i, (pos, row, token) in enumerate(
+                zip(positions, sampled_rows, result.sampled_token_ids.tolist())
+            ):
+                req_id = inputs.req_ids[pos]
                 sampled_token_ids[pos] = [token]
                 self.batch.append_token(int(row), token)
-                if (
-                    result.logprobs_tensors is not None
-                    and self.batch.states[inputs.req_ids[pos]].sampling_params.logprobs is not None
-                ):
-                    logprobs[inputs.req_ids[pos]] = _logprobs_row(
-                        result.logprobs_tensors,
-                        i,
-                        self.batch.states[inputs.req_ids[pos]].sampling_params.logprobs,
-                    )
+                num_logprobs = self.batch.states[req_id].sampling_params.logprobs
+                if result.logprobs_tensors is not None and num_logprobs is not None:
+                    logprobs[req_id] = _logprobs_row(result.logprobs_tensors, i, num_logprobs)
         self.batch.num_computed_tokens[inputs.rows] += inputs.num_scheduled
         return ModelRunnerOutput(
             req_ids=inputs.req_ids, sampled_token_ids=sampled_token_ids, logprobs=logprobs
         )
 
 
-def _logprobs_row(tensors, i: int, k: int) -> LogprobsLists:
+def _logprobs_row(tensors: LogprobsTensors, i: int, k: int) -> LogprobsLists:
     return LogprobsLists(
         token_ids=[tensors.logprob_token_ids[i, : k + 1].tolist()],
         logprobs=[tensors.logprobs[i, : k + 1].tolist()],
