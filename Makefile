@@ -35,5 +35,8 @@ format: $(STAMP)
 	$(BIN)/ruff format .
 	$(BIN)/ruff check --fix .
 
+soak: $(STAMP)
+	$(BIN)/python tests/reliability/soak.py --out soak-results.json --log soak-server.log
+
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache

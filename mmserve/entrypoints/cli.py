@@ -135,6 +135,16 @@ def engine_config_from_args(args: argparse.Namespace):
     )
 
 
+def raise_open_file_limit() -> None:
+    """Every cached preprocessed image keeps a shared-memory mapping (one descriptor) open, and
+    every client a socket: lift the soft descriptor limit to the hard one, as servers do."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+
+
 def serve(args: argparse.Namespace) -> int:
     import uvicorn
 
@@ -143,6 +153,7 @@ def serve(args: argparse.Namespace) -> int:
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    raise_open_file_limit()
     if args.model is None:
         if not (DEMO_MODEL / "config.json").is_file():
             print(f"no model given and the bundled demo model is missing at {DEMO_MODEL}", file=sys.stderr)
@@ -174,7 +185,7 @@ def serve(args: argparse.Namespace) -> int:
     app = build_app(settings)
     server = uvicorn.Server(
         uvicorn.Config(
-            app, host=args.host, port=args.port, log_level=args.log_level.lower(), timeout_graceful_shutdown=2
+            app, host=args.host, port=args.port, log_level=args.log_level.lower(), timeout_graceful_shutdown=1
         )
     )
     asyncio.run(server.serve())

@@ -8,6 +8,7 @@ image's token count. The image's content id from the pool is its hash in every c
 from __future__ import annotations
 
 import asyncio
+import operator
 from dataclasses import dataclass
 
 import numpy as np
@@ -38,18 +39,23 @@ class ProcessedPrompt:
     features: list[MultiModalFeature]
 
 
-def parse_messages(messages: list[dict], loader: MediaLoader) -> tuple[list[dict], list[ImageInput]]:
-    """Validate OpenAI-style messages → (messages for the template, image inputs in order)."""
+def parse_messages(
+    messages: list[dict], loader: MediaLoader, max_images: int | None = None
+) -> tuple[list[dict], list[ImageInput]]:
+    """Validate OpenAI-style messages → (messages for the template, image inputs in order).
+
+    Every message is checked, and the image count against `max_images`, before any image is
+    loaded: a request over the limit costs no file read or fetch."""
     if not isinstance(messages, list) or not messages:
         raise PromptError("messages must be a non-empty list", "messages")
-    template_messages, images = [], []
+    template_messages, refs = [], []
     for i, message in enumerate(messages):
         if not isinstance(message, dict):
             raise PromptError(f"messages[{i}] must be an object", "messages")
         role = message.get("role")
         if role not in ROLES:
             raise PromptError(
-                f"messages[{i}].role must be one of {', '.join(ROLES)}, got {role!r}", "messages"
+                f"messages[{i}].role must be one of {', '.join(ROLES)}, got {_short(role)}", "messages"
             )
         content = message.get("content")
         if content is None and role == "assistant":
@@ -61,12 +67,16 @@ def parse_messages(messages: list[dict], loader: MediaLoader) -> tuple[list[dict
             raise PromptError(f"messages[{i}].content must be a string or a list of parts", "messages")
         parts = []
         for j, part in enumerate(content):
-            parts.append(_parse_part(part, f"messages[{i}].content[{j}]", loader, images))
+            parts.append(_parse_part(part, f"messages[{i}].content[{j}]", refs))
         template_messages.append({"role": role, "content": parts})
+    if max_images is not None and len(refs) > max_images:
+        raise PromptError(f"at most {max_images} images are allowed per prompt, got {len(refs)}", "messages")
+    images = [loader.load(ref) if isinstance(ref, str) else ref for ref in refs]
     return template_messages, images
 
 
-def _parse_part(part, where: str, loader: MediaLoader, images: list[ImageInput]) -> dict:
+def _parse_part(part, where: str, refs: list[str | Image.Image]) -> dict:
+    """One content part → its template form; an image's URL (or PIL image) goes to `refs`."""
     if not isinstance(part, dict):
         raise PromptError(f"{where} must be an object", "messages")
     kind = part.get("type")
@@ -79,12 +89,18 @@ def _parse_part(part, where: str, loader: MediaLoader, images: list[ImageInput])
         url = ref.get("url") if isinstance(ref, dict) else ref
         if not isinstance(url, str):
             raise PromptError(f"{where}.image_url.url must be a string", "messages")
-        images.append(loader.load(url))
+        refs.append(url)
         return {"type": "image"}
     if kind == "image" and isinstance(part.get("image"), Image.Image):
-        images.append(part["image"])
+        refs.append(part["image"])
         return {"type": "image"}
-    raise PromptError(f"{where}.type {kind!r} is not supported (use 'text' or 'image_url')", "messages")
+    raise PromptError(f"{where}.type {_short(kind)} is not supported (use 'text' or 'image_url')", "messages")
+
+
+def _short(value: object, limit: int = 64) -> str:
+    """repr of a client value for an error message, cut short: errors never echo megabytes."""
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def as_pool_input(image: ImageInput) -> bytes | Image.Image:
@@ -109,20 +125,27 @@ class InputProcessor:
         self.loader = loader
         self.max_model_len = max_model_len
         self.image_limit = image_limit
+        # The longest token's text (byte-level BPE shows one character per byte): a bound on how
+        # many characters one token can cover.
+        self.max_token_chars = max(1, max(len(tokenizer.id_to_token(i)) for i in range(tokenizer.vocab_size)))
 
     # Each entry point has a blocking and an asyncio form; they differ only in how images
     # reach the pool.
 
     def chat(self, messages: list[dict], **template_kwargs) -> ProcessedPrompt:
-        template_messages, images = parse_messages(messages, self.loader)
+        template_messages, images = parse_messages(messages, self.loader, self.image_limit)
         text = self._render(template_messages, images, template_kwargs)
-        return self._build(text, self.tokenizer.encode(text), [self.pool.process(im) for im in images])
+        token_ids = self._encode(text)
+        return self._build(text, token_ids, [self.pool.process(im) for im in images])
 
     async def chat_async(self, messages: list[dict], **template_kwargs) -> ProcessedPrompt:
-        template_messages, images = await asyncio.to_thread(parse_messages, messages, self.loader)
+        template_messages, images = await asyncio.to_thread(
+            parse_messages, messages, self.loader, self.image_limit
+        )
         text = self._render(template_messages, images, template_kwargs)
+        token_ids = self._encode(text)  # (over the context: refused before any image is processed)
         processed = await self._process_all_async(images)
-        return self._build(text, self.tokenizer.encode(text), processed)
+        return self._build(text, token_ids, processed)
 
     def prompt(self, prompt: str | dict) -> ProcessedPrompt:
         text, token_ids, images = self._parse_prompt(prompt)
@@ -130,6 +153,7 @@ class InputProcessor:
 
     async def prompt_async(self, prompt: str | dict) -> ProcessedPrompt:
         text, token_ids, images = self._parse_prompt(prompt)
+        self._check_length(len(token_ids))
         processed = await self._process_all_async([as_pool_input(im) for im in images])
         return self._build(text, token_ids, processed)
 
@@ -147,7 +171,18 @@ class InputProcessor:
 
     def _render(self, messages: list[dict], images: list, template_kwargs: dict) -> str:
         self._check_image_count(len(images))
-        return self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, **template_kwargs)
+        template_kwargs = dict(template_kwargs)
+        add_generation_prompt = template_kwargs.pop("add_generation_prompt", True)
+        try:
+            return self.tokenizer.apply_chat_template(
+                messages, add_generation_prompt=add_generation_prompt, **template_kwargs
+            )
+        except TypeError as e:
+            if not template_kwargs:
+                raise
+            # A client's kwarg shadowed something the template calls (e.g. raise_exception).
+            message = f"chat template error with chat_template_kwargs: {e}"
+            raise PromptError(message, "chat_template_kwargs") from None
 
     def _check_image_count(self, count: int) -> None:
         if count > self.image_limit:
@@ -157,18 +192,31 @@ class InputProcessor:
 
     def _parse_prompt(self, prompt: str | dict) -> tuple[str | None, list[int], list]:
         if isinstance(prompt, str):
-            return prompt, self.tokenizer.encode(prompt), []
+            return prompt, self._encode(prompt), []
         if not isinstance(prompt, dict):
             raise PromptError("a prompt is a string or a dict with 'prompt' or 'prompt_token_ids'", "prompt")
         images = (prompt.get("multi_modal_data") or {}).get("image", [])
         images = images if isinstance(images, list) else [images]
         self._check_image_count(len(images))
         if "prompt_token_ids" in prompt:
-            return None, list(prompt["prompt_token_ids"]), images
+            return None, self._check_token_ids(prompt["prompt_token_ids"]), images
         text = prompt.get("prompt")
         if not isinstance(text, str):
             raise PromptError("prompt must be a string", "prompt")
-        return text, self.tokenizer.encode(text), images
+        return text, self._encode(text), images
+
+    def _check_token_ids(self, token_ids) -> list[int]:
+        """Client token ids, each an int in the vocabulary: an id outside it would fail inside
+        the model's embedding, taking down the whole engine step it was batched into."""
+        vocab = self.tokenizer.vocab_size
+        error = PromptError(f"prompt token ids must be integers in [0, {vocab})", "prompt")
+        try:
+            token_ids = [operator.index(t) for t in token_ids]  # numpy integers are fine
+        except TypeError:
+            raise error from None
+        if any(not 0 <= t < vocab for t in token_ids):
+            raise error
+        return token_ids
 
     def _build(
         self, text: str | None, token_ids: list[int], processed: list[ProcessedImage]
@@ -203,10 +251,24 @@ class InputProcessor:
         finally:
             for image in processed:
                 image.release()
-        if len(expanded) >= self.max_model_len:
+        self._check_length(len(expanded))
+        return ProcessedPrompt(text, expanded, features)
+
+    def _encode(self, text: str) -> list[int]:
+        """Token ids of `text`, refusing at once a text too long to fit the context whatever its
+        tokens: tokenising holds the GIL, and megabytes take seconds during which the event loop
+        serves no one (every token covers at most `max_token_chars` characters)."""
+        if len(text) > self.max_model_len * self.max_token_chars:
+            self._check_length(len(text) // self.max_token_chars, at_least=True)
+        token_ids = self.tokenizer.encode(text)
+        self._check_length(len(token_ids))
+        return token_ids
+
+    def _check_length(self, num_tokens: int, at_least: bool = False) -> None:
+        if num_tokens >= self.max_model_len:
             raise PromptError(
                 f"this model's maximum context length is {self.max_model_len} tokens, but the prompt has "
-                f"{len(expanded)} tokens (at least one more is needed for the answer)",
+                f"{'at least ' if at_least else ''}{num_tokens} tokens (at least one more is needed for "
+                "the answer)",
                 "messages",
             )
-        return ProcessedPrompt(text, expanded, features)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 import binascii
 import os
+import stat
 from pathlib import Path
 from urllib.parse import unquote, urlparse
 
@@ -37,18 +38,36 @@ def decode_data_url(url: str, max_bytes: int) -> bytes:
 def read_local_file(path_text: str, allowed_root: Path | None, max_bytes: int) -> bytes:
     if allowed_root is None:
         raise MediaError("local image files are disabled; start the server with --allowed-local-media-path")
-    path = Path(unquote(path_text))
-    if not path.is_absolute():
-        raise MediaError("local image paths must be absolute")
-    resolved = Path(os.path.realpath(path))
-    root = Path(os.path.realpath(allowed_root))
-    if not resolved.is_relative_to(root):
-        raise MediaError(f"{path_text!r} is outside the allowed media directory")
-    if not resolved.is_file():
-        raise MediaError(f"{path_text!r} is not a readable file")
-    if resolved.stat().st_size > max_bytes:
+    shown = path_text if len(path_text) <= 200 else path_text[:197] + "..."
+    try:
+        path = Path(unquote(path_text))
+        if not path.is_absolute():
+            raise MediaError("local image paths must be absolute")
+        resolved = Path(os.path.realpath(path))
+        root = Path(os.path.realpath(allowed_root))
+        if not resolved.is_relative_to(root):
+            raise MediaError(f"{shown!r} is outside the allowed media directory")
+        return _read_regular_file(resolved, max_bytes)
+    except MediaError:
+        raise
+    except (OSError, ValueError):  # a name too long, a NUL byte, a permission, a race
+        raise MediaError(f"{shown!r} is not a readable file") from None
+
+
+def _read_regular_file(resolved: Path, max_bytes: int) -> bytes:
+    """Read an already resolved path; what is checked is the file actually opened (not followed
+    if it became a link, never a device or a FIFO), and no more than the limit is read."""
+    fd = os.open(resolved, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    with os.fdopen(fd, "rb") as f:
+        info = os.fstat(f.fileno())
+        if not stat.S_ISREG(info.st_mode):
+            raise MediaError(f"{str(resolved)[:200]!r} is not a readable file")
+        if info.st_size > max_bytes:
+            raise MediaError(f"image file exceeds the {max_bytes} byte limit")
+        data = f.read(max_bytes + 1)
+    if len(data) > max_bytes:  # it grew since fstat
         raise MediaError(f"image file exceeds the {max_bytes} byte limit")
-    return resolved.read_bytes()
+    return data
 
 
 class MediaLoader:

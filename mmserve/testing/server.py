@@ -55,7 +55,9 @@ def is_alive(pid: int) -> bool:
 
 
 class ServerProcess:
-    def __init__(self, model: str | Path, *args: str, log_path: Path | None = None) -> None:
+    def __init__(
+        self, model: str | Path, *args: str, log_path: Path | None = None, env: dict[str, str] | None = None
+    ) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = log_path
@@ -70,8 +72,11 @@ class ServerProcess:
             *args,
         ]
         self._log = open(log_path, "wb") if log_path else subprocess.DEVNULL  # noqa: SIM115 - closed in stop()
+        # One torch thread: the tiny test models gain nothing from more, and test servers share
+        # the machine's cores with the test process and the preprocess workers.
+        environment = {**os.environ, "MMSERVE_NUM_THREADS": "1", **(env or {})}
         self.proc = subprocess.Popen(
-            command, stdout=self._log, stderr=subprocess.STDOUT, preexec_fn=_die_with_parent
+            command, stdout=self._log, stderr=subprocess.STDOUT, env=environment, preexec_fn=_die_with_parent
         )
 
     def wait_healthy(self, timeout_s: float = 120.0) -> None:

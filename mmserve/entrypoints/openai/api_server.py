@@ -11,6 +11,7 @@ import asyncio
 import hmac
 import json
 import logging
+import re
 import time
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -21,6 +22,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, JSONResponse, Response, StreamingResponse
 from fastapi.staticfiles import StaticFiles
 from pydantic import ValidationError
+from starlette.requests import ClientDisconnect
 
 from mmserve.config import EngineConfig
 from mmserve.entrypoints.openai.errors import OpenAIError, bad_request, error_body
@@ -78,7 +80,12 @@ def server_default_params(model_dir: Path) -> SamplingParams:
 
 
 class BodySizeLimit:
-    """ASGI middleware: 413 for a body over the limit, by header or as it streams in."""
+    """ASGI middleware: 413 for a body over the limit, by header or as it streams in.
+
+    A body that outgrows the limit while streaming (no Content-Length, e.g. chunked) is answered
+    here, and the app then sees the client as gone: it never gets the rest, and anything it
+    would still send is dropped, so exactly one response goes out.
+    """
 
     def __init__(self, app, max_bytes: int) -> None:
         self.app = app
@@ -89,28 +96,36 @@ class BodySizeLimit:
             return await self.app(scope, receive, send)
         declared = dict(scope.get("headers") or []).get(b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
-            return await _send_json(
-                send, 413, error_body(413, f"request body exceeds {self.max_bytes} bytes")
-            )
+            return await _send_json(send, 413, self._too_large())
         seen = 0
+        started = False  # the app began its response (then it is too late to send a 413)
+        rejected = False
 
         async def limited_receive():
-            nonlocal seen
+            nonlocal seen, rejected
+            if rejected:
+                return {"type": "http.disconnect"}
             message = await receive()
             if message["type"] == "http.request":
                 seen += len(message.get("body", b""))
                 if seen > self.max_bytes:
-                    raise _BodyTooLarge
+                    rejected = True
+                    if not started:
+                        await _send_json(send, 413, self._too_large())
+                    return {"type": "http.disconnect"}
             return message
 
-        try:
-            await self.app(scope, limited_receive, send)
-        except _BodyTooLarge:
-            await _send_json(send, 413, error_body(413, f"request body exceeds {self.max_bytes} bytes"))
+        async def guarded_send(message) -> None:
+            nonlocal started
+            if rejected:
+                return
+            started = True
+            await send(message)
 
+        await self.app(scope, limited_receive, guarded_send)
 
-class _BodyTooLarge(Exception):
-    pass
+    def _too_large(self) -> dict:
+        return error_body(413, f"request body exceeds {self.max_bytes} bytes")
 
 
 async def _send_json(send, status: int, body: dict) -> None:
@@ -166,17 +181,18 @@ def build_app(settings: ServerSettings) -> FastAPI:
         state["pool"] = pool
         state["created"] = int(time.time())
         logger.info(
-            "serving %s as %r; EngineCore pid %d with %d KV blocks",
+            "serving %s as %r; EngineCore pid %d with %d KV blocks; image segments %s*",
             model_dir,
             settings.served_model_name,
             engine.client.process.pid,
             engine.client.num_blocks,
+            pool.segment_prefix,
         )
         try:
             yield
         finally:
-            await engine.shutdown()
-            pool.close()
+            # Stop both at once: a supervisor's SIGTERM grace period is short.
+            await asyncio.gather(engine.shutdown(), asyncio.to_thread(pool.close))
 
     app = FastAPI(title="mmserve", lifespan=lifespan)
 
@@ -186,6 +202,11 @@ def build_app(settings: ServerSettings) -> FastAPI:
     @app.exception_handler(OpenAIError)
     async def _openai_error(_request: Request, e: OpenAIError) -> JSONResponse:
         return e.response()
+
+    @app.exception_handler(Exception)
+    async def _internal_error(_request: Request, e: Exception) -> JSONResponse:
+        # Starlette still re-raises `e` afterwards, so the traceback reaches the log.
+        return OpenAIError(500, f"internal error: {type(e).__name__}").response()
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(_request: Request, e: RequestValidationError) -> JSONResponse:
@@ -228,7 +249,7 @@ def build_app(settings: ServerSettings) -> FastAPI:
         ctx().metrics.update_preprocess(stats.cache_queries, stats.cache_hits)
         return Response(ctx().metrics.render(), media_type="text/plain; version=0.0.4")
 
-    @app.post("/v1/chat/completions")
+    @app.post("/v1/chat/completions", openapi_extra=_json_body(ChatCompletionRequest))
     async def chat_completions(raw: Request) -> Response:
         request = await _parse(raw, ChatCompletionRequest)
         gen = await build_chat(ctx(), request)
@@ -237,7 +258,7 @@ def build_app(settings: ServerSettings) -> FastAPI:
             return StreamingResponse(chat_stream(gen, include_usage), media_type="text/event-stream")
         return JSONResponse(await _until_disconnected(raw, chat_response(gen)))
 
-    @app.post("/v1/completions")
+    @app.post("/v1/completions", openapi_extra=_json_body(CompletionRequest))
     async def completions(raw: Request) -> Response:
         request = await _parse(raw, CompletionRequest)
         gen = await build_completion(ctx(), request)
@@ -246,7 +267,7 @@ def build_app(settings: ServerSettings) -> FastAPI:
             return StreamingResponse(completion_stream(gen, include_usage), media_type="text/event-stream")
         return JSONResponse(await _until_disconnected(raw, completion_response(gen)))
 
-    @app.post("/tokenize")
+    @app.post("/tokenize", openapi_extra=_json_body(TokenizeRequest))
     async def tokenize(raw: Request) -> dict:
         request = await _parse(raw, TokenizeRequest)
         c = ctx()
@@ -265,7 +286,7 @@ def build_app(settings: ServerSettings) -> FastAPI:
             "max_model_len": config.model.max_model_len,
         }
 
-    @app.post("/detokenize")
+    @app.post("/detokenize", openapi_extra=_json_body(DetokenizeRequest))
     async def detokenize(raw: Request) -> dict:
         request = await _parse(raw, DetokenizeRequest)
         vocab = ctx().tokenizer.vocab_size
@@ -281,21 +302,57 @@ def build_app(settings: ServerSettings) -> FastAPI:
     return BodySizeLimit(app, settings.max_body_bytes)
 
 
+def _json_body(model) -> dict:
+    """The OpenAPI request body of a route that parses its own JSON (see `_parse`): the model's
+    JSON schema with its `$defs` inlined, so clients and fuzzers see what is accepted."""
+    schema = model.model_json_schema()
+    defs = schema.pop("$defs", {})
+
+    def inline(node):
+        if isinstance(node, dict):
+            if "$ref" in node:
+                return inline(defs[node["$ref"].rsplit("/", 1)[1]])
+            return {key: inline(value) for key, value in node.items()}
+        if isinstance(node, list):
+            return [inline(value) for value in node]
+        return node
+
+    return {"requestBody": {"required": True, "content": {"application/json": {"schema": inline(schema)}}}}
+
+
 def _needs_key(path: str) -> bool:
     return path.startswith("/v1/") or path in ("/tokenize", "/detokenize")
 
 
 async def _parse(raw: Request, model):
     try:
-        body = await raw.json()
-    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):
+        data = await raw.body()
+    except ClientDisconnect:
+        raise OpenAIError(499, "client disconnected") from None
+    try:
+        body = json.loads(data)
+    except (ValueError, RecursionError):  # also bad UTF-8 and integers over 4300 digits
         raise bad_request("the request body is not valid JSON") from None
     if not isinstance(body, dict):
         raise bad_request("the request body must be a JSON object")
+    if _SURROGATE_ESCAPE.search(data) and not _is_valid_unicode(body):
+        # json.loads keeps a lone surrogate escape as is; no encoder downstream accepts it.
+        raise bad_request("the request body contains a lone UTF-16 surrogate escape (\\ud800-\\udfff)")
     try:
         return model.model_validate(body)
     except ValidationError as e:
         raise bad_request(_describe_validation(e.errors())) from None
+
+
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+
+
+def _is_valid_unicode(body: dict) -> bool:
+    try:
+        json.dumps(body, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _describe_validation(errors: list) -> str:
@@ -318,9 +375,13 @@ async def _until_disconnected(raw: Request, coro):
     try:
         done, _ = await asyncio.wait({work, watcher}, return_when=asyncio.FIRST_COMPLETED)
         if work in done:
-            return work.result()
-        work.cancel()
-        await asyncio.gather(work, return_exceptions=True)
+            try:
+                return work.result()
+            except Exception as e:  # e.g. EngineCore died mid-request: 503, not a bare 500
+                raise client_error(e) from None
         raise OpenAIError(499, "client disconnected")
     finally:
         watcher.cancel()
+        if not work.done():  # the client left, or this handler was cancelled (shutdown)
+            work.cancel()
+            await asyncio.gather(work, return_exceptions=True)

@@ -11,6 +11,7 @@ _TYPES = {
     401: "authentication_error",
     404: "not_found_error",
     413: "invalid_request_error",
+    499: "client_closed_request",  # nginx's code: the client went away; no one reads the body
     500: "internal_server_error",
     503: "service_unavailable",
 }
@@ -35,11 +36,18 @@ def error_body(status: int, message: str, param: str | None = None, code: str | 
     return {
         "error": {
             "message": message,
-            "type": _TYPES.get(status, HTTPStatus(status).phrase.lower().replace(" ", "_")),
+            "type": _TYPES.get(status) or _phrase(status),
             "param": param,
             "code": code if code is not None else status,
         }
     }
+
+
+def _phrase(status: int) -> str:
+    try:
+        return HTTPStatus(status).phrase.lower().replace(" ", "_")
+    except ValueError:  # not a registered status: never let the error path raise
+        return "error"
 
 
 def bad_request(message: str, param: str | None = None) -> OpenAIError:

@@ -9,6 +9,7 @@ with include_usage a last chunk with empty choices carries usage; then `data: [D
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 import uuid
@@ -38,6 +39,7 @@ class ServingContext:
     default_params: SamplingParams
     served_model_name: str
     metrics: ServerMetrics
+    admitting: int = 0  # requests past the capacity check, still being built (images, tokens)
 
 
 def client_error(e: Exception) -> OpenAIError:
@@ -65,10 +67,31 @@ def check_model(ctx: ServingContext, model: str | None) -> None:
 
 
 def check_capacity(ctx: ServingContext) -> None:
-    """Refuse work beyond the configured waiting-queue cap instead of queueing without bound."""
-    cap = ctx.engine.config.scheduler.max_waiting_requests
-    if cap and ctx.engine.latest_stats.num_waiting >= cap:
+    """Refuse work beyond the configured waiting-queue cap instead of queueing without bound.
+
+    EngineCore's count of waiting requests is a step old and misses requests still being built,
+    so a burst would slip past it: requests this process has sent beyond what can run at once,
+    and those being built, count as waiting too.
+    """
+    scheduler = ctx.engine.config.scheduler
+    cap = scheduler.max_waiting_requests
+    if not cap:
+        return
+    sent_beyond_running = ctx.engine.num_unfinished - scheduler.max_num_seqs
+    queued = max(ctx.engine.latest_stats.num_waiting, sent_beyond_running) + ctx.admitting
+    if queued >= cap:
         raise OpenAIError(503, f"the server is overloaded ({cap} requests waiting); retry later")
+
+
+@contextlib.contextmanager
+def admission(ctx: ServingContext):
+    """Count a request as waiting from the capacity check until it is handed to the engine."""
+    check_capacity(ctx)
+    ctx.admitting += 1
+    try:
+        yield
+    finally:
+        ctx.admitting -= 1
 
 
 def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dict:
@@ -164,15 +187,18 @@ def sse(data: dict | str) -> str:
 
 async def build_chat(ctx: ServingContext, request: ChatCompletionRequest) -> _Generation:
     check_model(ctx, request.model)
-    check_capacity(ctx)
     try:
         params = request.sampling_params(ctx.default_params)
     except ValueError as e:
         raise bad_request(str(e)) from None
-    try:
-        prompt = await ctx.inputs.chat_async(request.messages, **(request.chat_template_kwargs or {}))
-    except Exception as e:
-        raise client_error(e) from None
+    template_kwargs = request.chat_template_kwargs or {}
+    if "messages" in template_kwargs:
+        raise bad_request("chat_template_kwargs must not set 'messages'", "chat_template_kwargs")
+    with admission(ctx):
+        try:
+            prompt = await ctx.inputs.chat_async(request.messages, **template_kwargs)
+        except Exception as e:
+            raise client_error(e) from None
     return _Generation(ctx, [prompt], params, request.priority)
 
 
@@ -282,19 +308,19 @@ async def chat_stream(gen: _Generation, include_usage: bool) -> AsyncIterator[st
 
 async def build_completion(ctx: ServingContext, request: CompletionRequest) -> _Generation:
     check_model(ctx, request.model)
-    check_capacity(ctx)
     try:
         params = request.sampling_params(ctx.default_params)
         prompts = request.prompts()
     except ValueError as e:
         raise bad_request(str(e), "prompt") from None
-    try:
-        processed = [
-            await ctx.inputs.prompt_async(p if isinstance(p, str) else {"prompt_token_ids": p})
-            for p in prompts
-        ]
-    except Exception as e:
-        raise client_error(e) from None
+    with admission(ctx):
+        try:
+            processed = [
+                await ctx.inputs.prompt_async(p if isinstance(p, str) else {"prompt_token_ids": p})
+                for p in prompts
+            ]
+        except Exception as e:
+            raise client_error(e) from None
     return _Generation(ctx, processed, params, request.priority)
 
 
