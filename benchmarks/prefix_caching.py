@@ -4,7 +4,7 @@ Every prompt starts with different random tokens, so no block is ever shared: wh
 caching costs when it cannot help. Engines with caching on and off are both built up front and
 run in alternation over several rounds in one process, so machine noise hits both alike.
 
-    .venv/bin/python benchmarks/prefix_caching.py --preset tiny --num-prompts 64 --rounds 5
+    .venv/bin/python -m benchmarks.prefix_caching --preset tiny --num-prompts 64 --rounds 5
 """
 
 from __future__ import annotations

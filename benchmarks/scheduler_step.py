@@ -3,7 +3,7 @@
 A fake executor returns one token per decoding request, so the time measured is the
 scheduler's own: schedule() + update_from_output(), with prefix caching on and off, side by side.
 
-    .venv/bin/python benchmarks/scheduler_step.py --running 256 --steps 400
+    .venv/bin/python -m benchmarks.scheduler_step --running 256 --steps 400
 """
 
 from __future__ import annotations

@@ -244,12 +244,15 @@ class EngineConfig:
 
     @property
     def encoder_budget(self) -> int:
-        """Embeddings encoded per step: by default enough for the largest image the processor
-        can produce, so a small token budget only chunks prefill and never blocks an image."""
-        return self.scheduler.encoder_compute_budget or max(
-            self.scheduler.max_num_batched_tokens, self.model.max_image_tokens
-        )
+        """Embeddings encoded per step: by default exactly the largest image the processor can
+        produce, so any image can be scheduled, while one step never encodes more than that
+        (a step that encodes several large images stalls every decoding request behind it)."""
+        return self.scheduler.encoder_compute_budget or self.model.max_image_tokens
 
     @property
     def encoder_cache_size(self) -> int:
-        return self.scheduler.encoder_cache_size or self.encoder_budget
+        """Embeddings kept: at least a step's worth of tokens, so chunked prefill through images
+        and requests sharing an image do not evict each other's embeddings (as vLLM sizes it)."""
+        return self.scheduler.encoder_cache_size or max(
+            self.scheduler.max_num_batched_tokens, self.model.max_image_tokens, self.encoder_budget
+        )

@@ -22,7 +22,7 @@ def log_level() -> str:
 
 
 def num_threads() -> int | None:
-    """MMSERVE_NUM_THREADS: torch intra-op threads in the engine process (None = torch's default)."""
+    """MMSERVE_NUM_THREADS: torch intra-op threads in the engine process (None = the worker's default)."""
     value = os.environ.get("MMSERVE_NUM_THREADS")
     return int(value) if value else None
 

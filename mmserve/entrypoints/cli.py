@@ -200,9 +200,19 @@ def main(argv: list[str] | None = None) -> int:
     commands = parser.add_subparsers(dest="command", required=True)
     serve_parser = commands.add_parser("serve", help="Start the OpenAI-compatible server.")
     add_serve_arguments(serve_parser)
+    bench_parser = commands.add_parser("bench", help="Benchmarks against a running server.")
+    bench_commands = bench_parser.add_subparsers(dest="bench_command", required=True)
+    bench_serve = bench_commands.add_parser(
+        "serve", help="VisionArena-style load against an OpenAI-compatible server."
+    )
+    from mmserve.bench.serve import add_bench_serve_arguments, run_bench_serve
+
+    add_bench_serve_arguments(bench_serve)
     args = parser.parse_args(argv)
     if args.command == "serve":
         return serve(args)
+    if args.command == "bench":
+        return run_bench_serve(args)
     parser.error(f"unknown command {args.command}")
     return 2
 

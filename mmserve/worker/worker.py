@@ -2,12 +2,21 @@
 
 from __future__ import annotations
 
+import os
+
 import torch
 
 from mmserve import envs
 from mmserve.config import CacheConfig, ModelConfig, SchedulerConfig
 from mmserve.core.sched_output import ModelRunnerOutput, SchedulerOutput
 from mmserve.worker.model_runner import ModelRunner
+
+
+def default_cpu_threads() -> int:
+    """All cores but one: the API server and the image preprocessing processes need CPU too, and
+    an oversubscribed torch thread pool is several times slower than a smaller one (measured in
+    benchmarks/results/visionarena.md: 6-8x on 2 cores)."""
+    return max(1, (os.cpu_count() or 1) - 1)
 
 
 def default_device() -> torch.device:
@@ -24,8 +33,8 @@ class Worker:
         seed: int = 0,
     ) -> None:
         self.device = device or default_device()
-        if (threads := envs.num_threads()) is not None:
-            torch.set_num_threads(threads)
+        if self.device.type == "cpu":
+            torch.set_num_threads(envs.num_threads() or default_cpu_threads())
         torch.manual_seed(seed)
         self.cache_config = cache_config
         self.runner = ModelRunner(model_config, cache_config, scheduler_config, self.device)
