@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import logging
 import time
+import weakref
 from collections.abc import AsyncIterator, Callable
 
 from mmserve.config import EngineConfig
@@ -23,6 +24,32 @@ from mmserve.protocol import EngineRequest, SchedulerStats
 from mmserve.sampling_params import SamplingParams
 
 logger = logging.getLogger("mmserve.frontend")
+
+
+class Reservation:
+    """Places counted in `AsyncLLM.num_unfinished` for requests still being built (images,
+    tokens), so a burst cannot slip past a capacity check in the gap before the engine knows
+    them. Each `generate` given the reservation takes one place over; `release` (or garbage
+    collection, if the request is dropped unstarted) frees the places not taken."""
+
+    def __init__(self, engine: AsyncLLM, places: int) -> None:
+        self._left = [places]
+        engine._reserved += places
+        self._engine = engine
+        self._finalizer = weakref.finalize(self, _give_back, engine, self._left)
+
+    def take_one(self) -> None:
+        if self._left[0]:
+            self._left[0] -= 1
+            self._engine._reserved -= 1
+
+    def release(self) -> None:
+        self._finalizer()
+
+
+def _give_back(engine: AsyncLLM, left: list[int]) -> None:
+    engine._reserved -= left[0]
+    left[0] = 0
 
 
 class AsyncLLM:
@@ -42,6 +69,7 @@ class AsyncLLM:
         self._reader: asyncio.Task | None = None
         self.latest_stats = SchedulerStats()
         self.dead = False
+        self._reserved = 0
 
     async def start(self) -> None:
         await self.client.start()
@@ -49,10 +77,19 @@ class AsyncLLM:
 
     @property
     def num_unfinished(self) -> int:
-        return len(self._queues)
+        """Requests submitted and not finished, plus places reserved for requests being built."""
+        return len(self._queues) + self._reserved
+
+    def reserve(self, places: int) -> Reservation:
+        return Reservation(self, places)
 
     async def generate(
-        self, request_id: str, prompt: ProcessedPrompt, params: SamplingParams, priority: int = 0
+        self,
+        request_id: str,
+        prompt: ProcessedPrompt,
+        params: SamplingParams,
+        priority: int = 0,
+        reservation: Reservation | None = None,
     ) -> AsyncIterator[RequestOutput]:
         """Snapshots of the request as it progresses; the last one has `finished` set. Leaving the
         iteration early (client gone, task cancelled) aborts the request in the engine."""
@@ -61,6 +98,8 @@ class AsyncLLM:
         queue: asyncio.Queue = asyncio.Queue()
         children = self.outputs.add_request(request_id, prompt.prompt, prompt.token_ids, params)
         self._queues[request_id] = queue
+        if reservation is not None:
+            reservation.take_one()
         finished = False
         try:
             now = time.monotonic()

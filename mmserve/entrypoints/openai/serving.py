@@ -9,7 +9,6 @@ with include_usage a last chunk with empty choices carries usage; then `data: [D
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import time
 import uuid
@@ -18,7 +17,7 @@ from dataclasses import dataclass
 
 from mmserve.entrypoints.openai.errors import OpenAIError, bad_request
 from mmserve.entrypoints.openai.schemas import ChatCompletionRequest, CompletionRequest
-from mmserve.frontend.async_llm import AsyncLLM
+from mmserve.frontend.async_llm import AsyncLLM, Reservation
 from mmserve.frontend.core_client import EngineDeadError
 from mmserve.frontend.input_processor import InputProcessor, ProcessedPrompt, PromptError
 from mmserve.frontend.media import MediaError
@@ -39,7 +38,6 @@ class ServingContext:
     default_params: SamplingParams
     served_model_name: str
     metrics: ServerMetrics
-    admitting: int = 0  # requests past the capacity check, still being built (images, tokens)
 
 
 def client_error(e: Exception) -> OpenAIError:
@@ -66,32 +64,21 @@ def check_model(ctx: ServingContext, model: str | None) -> None:
         )
 
 
-def check_capacity(ctx: ServingContext) -> None:
-    """Refuse work beyond the configured waiting-queue cap instead of queueing without bound.
+def admit(ctx: ServingContext, places: int) -> Reservation:
+    """Refuse work beyond the configured waiting-queue cap instead of queueing without bound;
+    otherwise reserve the request's places until the engine has it.
 
     EngineCore's count of waiting requests is a step old and misses requests still being built,
-    so a burst would slip past it: requests this process has sent beyond what can run at once,
-    and those being built, count as waiting too.
+    so a burst would slip past it: requests this process has sent or is building beyond what can
+    run at once count as waiting too (the reservation keeps them counted in between).
     """
     scheduler = ctx.engine.config.scheduler
     cap = scheduler.max_waiting_requests
-    if not cap:
-        return
-    sent_beyond_running = ctx.engine.num_unfinished - scheduler.max_num_seqs
-    queued = max(ctx.engine.latest_stats.num_waiting, sent_beyond_running) + ctx.admitting
-    if queued >= cap:
-        raise OpenAIError(503, f"the server is overloaded ({cap} requests waiting); retry later")
-
-
-@contextlib.contextmanager
-def admission(ctx: ServingContext):
-    """Count a request as waiting from the capacity check until it is handed to the engine."""
-    check_capacity(ctx)
-    ctx.admitting += 1
-    try:
-        yield
-    finally:
-        ctx.admitting -= 1
+    if cap:
+        sent_beyond_running = ctx.engine.num_unfinished - scheduler.max_num_seqs
+        if max(ctx.engine.latest_stats.num_waiting, sent_beyond_running) >= cap:
+            raise OpenAIError(503, f"the server is overloaded ({cap} requests waiting); retry later")
+    return ctx.engine.reserve(places)
 
 
 def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dict:
@@ -107,10 +94,16 @@ class _Generation:
     """One client request: one or more prompts (completions may batch), each with n choices."""
 
     def __init__(
-        self, ctx: ServingContext, prompts: list[ProcessedPrompt], params: SamplingParams, priority: int
+        self,
+        ctx: ServingContext,
+        prompts: list[ProcessedPrompt],
+        params: SamplingParams,
+        priority: int,
+        reservation: Reservation,
     ):
         self.ctx = ctx
         self.prompts = prompts
+        self.reservation = reservation
         self.params = params
         self.priority = priority
         self.id_base = uuid.uuid4().hex
@@ -119,7 +112,9 @@ class _Generation:
 
     def streams(self) -> list[AsyncIterator[RequestOutput]]:
         return [
-            self.ctx.engine.generate(f"{self.id_base}-{i}", prompt, self.params, self.priority)
+            self.ctx.engine.generate(
+                f"{self.id_base}-{i}", prompt, self.params, self.priority, self.reservation
+            )
             for i, prompt in enumerate(self.prompts)
         ]
 
@@ -173,7 +168,9 @@ class _Generation:
         self.ctx.metrics.observe_request(snapshot, self.start)
 
     def forget(self) -> None:
-        """Drop per-request metric state of prompts that ended unfinished (client gone)."""
+        """Give back reserved places never taken and drop per-request metric state of prompts
+        that ended unfinished (client gone)."""
+        self.reservation.release()
         for i in range(len(self.prompts)):
             self.ctx.metrics.forget(f"{self.id_base}-{i}")
 
@@ -194,12 +191,15 @@ async def build_chat(ctx: ServingContext, request: ChatCompletionRequest) -> _Ge
     template_kwargs = request.chat_template_kwargs or {}
     if "messages" in template_kwargs:
         raise bad_request("chat_template_kwargs must not set 'messages'", "chat_template_kwargs")
-    with admission(ctx):
-        try:
-            prompt = await ctx.inputs.chat_async(request.messages, **template_kwargs)
-        except Exception as e:
+    reservation = admit(ctx, 1)
+    try:
+        prompt = await ctx.inputs.chat_async(request.messages, **template_kwargs)
+    except BaseException as e:  # a cancelled request gives its place back too
+        reservation.release()
+        if isinstance(e, Exception):
             raise client_error(e) from None
-    return _Generation(ctx, [prompt], params, request.priority)
+        raise
+    return _Generation(ctx, [prompt], params, request.priority, reservation)
 
 
 def chat_logprobs(completion: CompletionOutput, top_k: int, start: int = 0) -> dict | None:
@@ -313,15 +313,18 @@ async def build_completion(ctx: ServingContext, request: CompletionRequest) -> _
         prompts = request.prompts()
     except ValueError as e:
         raise bad_request(str(e), "prompt") from None
-    with admission(ctx):
-        try:
-            processed = [
-                await ctx.inputs.prompt_async(p if isinstance(p, str) else {"prompt_token_ids": p})
-                for p in prompts
-            ]
-        except Exception as e:
+    reservation = admit(ctx, len(prompts))
+    try:
+        processed = [
+            await ctx.inputs.prompt_async(p if isinstance(p, str) else {"prompt_token_ids": p})
+            for p in prompts
+        ]
+    except BaseException as e:  # a cancelled request gives its place back too
+        reservation.release()
+        if isinstance(e, Exception):
             raise client_error(e) from None
-    return _Generation(ctx, processed, params, request.priority)
+        raise
+    return _Generation(ctx, processed, params, request.priority, reservation)
 
 
 def completion_logprobs(completion: CompletionOutput, start: int = 0) -> dict | None:
