@@ -2,7 +2,7 @@
 
 Run from the repository root:
 
-    .venv/bin/python -m benchmarks.preprocess [--images 48] [--repeats 3] [--json PATH]
+    .venv/bin/python -m benchmarks.preprocess_pool [--images 48] [--repeats 3] [--json PATH]
 
 Checks first that the pool's output equals `Qwen2VLImageProcessorPil` on the same images, then
 measures images/s on distinct JPEGs (transformers in this process; the pool inline and with
