@@ -120,6 +120,13 @@ class BlockPool:
             block.block_hash = block_hash
             self.cached[block_hash] = block
 
+    def uncache(self, block: KVBlock) -> None:
+        """Forget a block's hash: its contents cannot be trusted (the step writing it failed)."""
+        if block.block_hash is not None:
+            if self.cached.get(block.block_hash) is block:
+                del self.cached[block.block_hash]
+            block.block_hash = None
+
     def reset_prefix_cache(self) -> bool:
         """Forget every hash; only possible when no block is in use."""
         if self.free_queue.num_free != len(self.blocks):

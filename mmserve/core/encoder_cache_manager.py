@@ -65,6 +65,16 @@ class EncoderCacheManager:
         for mm_hash in mm_hashes:
             self.release(mm_hash, request_id)
 
+    def discard(self, mm_hash: str) -> None:
+        """Forget an entry whose embeddings may never have been stored (its step failed); the
+        worker is told to drop whatever it holds under the hash."""
+        if mm_hash not in self.sizes:
+            return
+        self.unreferenced.pop(mm_hash, None)
+        self.num_free_slots += self.sizes.pop(mm_hash)
+        del self.refs[mm_hash]
+        self.freed.append(mm_hash)
+
     def num_references(self) -> int:
         return sum(len(r) for r in self.refs.values())
 

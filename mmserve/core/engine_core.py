@@ -58,27 +58,26 @@ class EngineCore:
         try:
             runner_output = self.executor.execute_model(scheduler_output)
         except Exception as e:
-            # A fault in one step must not take the engine down: fail that step's requests (the
-            # runner drops them with the next step) and carry on serving everyone else.
+            # A fault in one step must not take the engine down, nor fail requests that merely
+            # shared the step with the one at fault: the scheduler undoes the step and isolates.
             logger.exception(
-                "model execution failed; failing the %d requests of this step",
-                len(scheduler_output.num_scheduled_tokens),
+                "model execution failed in a step of %d requests", len(scheduler_output.num_scheduled_tokens)
             )
-            return self._fail_step(
+            self.scheduler.recover_failed_step(
                 scheduler_output, f"internal error while running the model: {type(e).__name__}"
             )
+            return self._outputs(self.scheduler.take_error_outputs())
         outputs = self.scheduler.update_from_output(scheduler_output, runner_output)
         if self._pending:
             outputs.outputs[:0] = self._pending
             self._pending = []
         return outputs
 
-    def _fail_step(self, scheduler_output: SchedulerOutput, message: str) -> EngineCoreOutputs:
-        aborted = self.scheduler.abort_requests(list(scheduler_output.num_scheduled_tokens))
-        failed = [EngineCoreOutput(o.request_id, [], finish_reason="error", error=message) for o in aborted]
-        outputs = EngineCoreOutputs(outputs=self._pending + failed, stats=self.scheduler.stats())
+    def _outputs(self, outputs: list[EngineCoreOutput]) -> EngineCoreOutputs:
+        """`outputs` after the pending ones, with the scheduler's stats."""
+        result = EngineCoreOutputs(outputs=self._pending + outputs, stats=self.scheduler.stats())
         self._pending = []
-        return outputs
+        return result
 
 
 def check_features(features: list[MultiModalFeature], num_prompt_tokens: int) -> None:

@@ -98,6 +98,15 @@ class KVCacheManager:
             self.pool.cache(held[i], request.block_hashes[i])
         self.num_cached_blocks[request.request_id] = end
 
+    def uncache_from(self, request: Request, first_block: int) -> None:
+        """Un-register the request's blocks from index `first_block` on (those a failed step
+        may have half written; a block filled there is held by this request alone)."""
+        blocks = self.req_to_blocks.get(request.request_id, [])
+        for block in blocks[first_block:]:
+            self.pool.uncache(block)
+        if self.num_cached_blocks.get(request.request_id, 0) > first_block:
+            self.num_cached_blocks[request.request_id] = first_block
+
     def free(self, request: Request) -> None:
         """Give back all of a request's blocks, last block first, so its tail is evicted first."""
         blocks = self.req_to_blocks.pop(request.request_id, [])

@@ -8,6 +8,10 @@ Chunked prefill is simply a request receiving fewer tokens than it has left. Ima
 a span that reaches an image not in the encoder cache encodes the whole image this step if the
 encoder budget and cache allow, else stops just before it. When KV blocks run out, the
 lowest-priority running request is preempted and later recomputed.
+
+A step whose model run raised is undone (`recover_failed_step`): alone, its request is the
+cause and fails; with others, its requests are recomputed one at a time, each alone, up to where
+that step reached, so that only the request that raises again fails and the rest carry on.
 """
 
 from __future__ import annotations
@@ -68,6 +72,8 @@ class Scheduler:
         self._runner_has: set[str] = set()  # requests whose state the runner holds
         self.num_preemptions = 0
         self._error_outputs: list[EngineCoreOutput] = []  # failures found while scheduling
+        # After a failed step: request id → computed tokens it must reach running alone.
+        self.isolated: dict[str, int] = {}
         self.num_encoder_runs = 0
 
     # ------------------------------------------------------------------ admission
@@ -120,11 +126,15 @@ class Scheduler:
         new_reqs: list[NewRequestData] = []
         cached = CachedRequestData()
         preempted = False
+        alone = self._next_isolated()  # when set, the only request this step may schedule
 
         # Running requests first, oldest (or most urgent) first; preemption takes from the back.
         i = 0
         while i < len(self.running) and token_budget > 0:
             request = self.running[i]
+            if alone is not None and request is not alone:
+                i += 1
+                continue
             num_new = self._num_new_tokens(request, request.num_computed_tokens, token_budget)
             plan = self._plan_encoder(request, request.num_computed_tokens, num_new, encoder_budget)
             if plan.num_new_tokens == 0:
@@ -133,9 +143,7 @@ class Scheduler:
             new_block_ids = self.kv.allocate_slots(request, plan.num_new_tokens)
             if new_block_ids is None and len(self.running) == 1:
                 # Alone and still out of blocks: recomputing would need the same blocks again.
-                self._fail(
-                    request, f"the KV cache ({self.kv.pool.num_blocks} blocks) cannot hold this request"
-                )
+                self._fail_out_of_blocks(request)
                 continue
             while new_block_ids is None:
                 # Only requests not yet scheduled this step may be preempted: `request` or later ones.
@@ -161,17 +169,28 @@ class Scheduler:
 
         # Then waiting requests, unless this step had to preempt (there is no room to grow).
         max_seqs = self.config.max_num_seqs
+        if alone is not None and alone.status == RequestStatus.RUNNING:
+            max_seqs = 0  # it was served above
         while self.waiting and token_budget > 0 and not preempted and len(self.running) < max_seqs:
-            request = self.waiting.peek()
+            request = self.waiting.peek() if alone is None else alone
             hit_blocks, num_hit = self.kv.get_computed_blocks(request)
             num_new = self._num_new_tokens(request, num_hit, token_budget)
             plan = self._plan_encoder(request, num_hit, num_new, encoder_budget)
             if plan.num_new_tokens == 0:
                 break
             new_block_ids = self.kv.allocate_slots(request, plan.num_new_tokens, hit_blocks)
+            if new_block_ids is None and alone is not None:
+                if self.running:  # the others wait while it runs alone
+                    self._preempt(self._pick_victim(self.running))
+                    continue
+                self._fail_out_of_blocks(request)
+                break
             if new_block_ids is None:
                 break
-            self.waiting.pop()
+            if alone is None:
+                self.waiting.pop()
+            else:
+                self.waiting.remove(request)
             self.kv.record_prefix_lookup(request.num_tokens, num_hit)
             request.status = RequestStatus.RUNNING
             request.num_computed_tokens = num_hit
@@ -187,6 +206,12 @@ class Scheduler:
             num_scheduled[request.request_id] = plan.num_new_tokens
             token_budget -= plan.num_new_tokens
             new_reqs.append(self._new_request_data(request))
+            if alone is not None:
+                break
+        if alone is not None and not num_scheduled:
+            # What it needs (encoder cache room, blocks) is held by requests that cannot run now.
+            for victim in [r for r in reversed(self.running) if r is not alone]:
+                self._preempt(victim)
 
         output = SchedulerOutput(
             scheduled_new_reqs=new_reqs,
@@ -202,6 +227,12 @@ class Scheduler:
             self.requests[request_id].num_computed_tokens += n
         self._runner_has.update(num_scheduled)
         return output
+
+    def _next_isolated(self) -> Request | None:
+        """The request to run alone this step, if a failed step left any (oldest first)."""
+        for request_id in self.isolated:
+            return self.requests[request_id]
+        return None
 
     def _num_new_tokens(self, request: Request, num_computed: int, token_budget: int) -> int:
         num_new = request.num_tokens - num_computed
@@ -279,12 +310,14 @@ class Scheduler:
     # ------------------------------------------------------------------ after the model ran
 
     def update_from_output(self, so: SchedulerOutput, runner_output: ModelRunnerOutput) -> EngineCoreOutputs:
-        outputs, self._error_outputs = self._error_outputs, []
+        outputs = self.take_error_outputs()
         logprobs = runner_output.logprobs
         for request_id, new_tokens in zip(runner_output.req_ids, runner_output.sampled_token_ids):
             request = self.requests.get(request_id)
             if request is None or request.is_finished:
                 continue  # aborted while the step ran
+            if self.isolated.get(request_id, -1) <= request.num_computed_tokens:
+                self.isolated.pop(request_id, None)  # past where the failed step reached: cleared
             self._release_passed_images(request)
             if not new_tokens:
                 continue  # mid-prefill
@@ -308,6 +341,42 @@ class Scheduler:
                 )
             )
         return EngineCoreOutputs(outputs=outputs, stats=self.stats())
+
+    def take_error_outputs(self) -> list[EngineCoreOutput]:
+        outputs, self._error_outputs = self._error_outputs, []
+        return outputs
+
+    def recover_failed_step(self, so: SchedulerOutput, message: str) -> None:
+        """Undo a step whose model run raised, after `schedule` returned `so`.
+
+        Nothing the step computed is trusted: blocks it filled lose their prefix-cache hashes and
+        images it encoded leave the encoder cache; what it should have told the runner
+        (finished requests, freed images) is told again with the next step. A request alone in
+        the step caused the failure and fails with `message`; several are all preempted and
+        isolated, then each runs alone up to where this step reached, where the culprit fails
+        by itself.
+        """
+        self.finished_req_ids |= so.finished_req_ids
+        self.encoder_cache.freed.extend(so.free_encoder_mm_hashes)
+        encoded = {
+            self.requests[rid].mm_features[index].mm_hash
+            for rid, indices in so.scheduled_encoder_inputs.items()
+            if rid in self.requests
+            for index in indices
+        }
+        step = [self.requests[rid] for rid in so.num_scheduled_tokens if rid in self.requests]
+        for request in step:
+            before = request.num_computed_tokens - so.num_scheduled_tokens[request.request_id]
+            self.kv.uncache_from(request, before // self.block_size)
+        if len(step) == 1:
+            self._fail(step[0], message)
+        else:
+            for request in step:  # isolated oldest first
+                self.isolated.setdefault(request.request_id, request.num_computed_tokens)
+            for request in reversed(step):  # pushed to the front: keep their order
+                self._preempt(request)
+        for mm_hash in encoded:
+            self.encoder_cache.discard(mm_hash)
 
     def _check_stop(self, request: Request, token: int) -> RequestStatus | None:
         params = request.sampling_params
@@ -337,8 +406,12 @@ class Scheduler:
             EngineCoreOutput(request.request_id, [], finish_reason="error", error=message)
         )
 
+    def _fail_out_of_blocks(self, request: Request) -> None:
+        self._fail(request, f"the KV cache ({self.kv.pool.num_blocks} blocks) cannot hold this request")
+
     def _finish(self, request: Request, status: RequestStatus) -> None:
         request.status = status
+        self.isolated.pop(request.request_id, None)
         if request in self.running:
             self.running.remove(request)
         else:

@@ -1,5 +1,7 @@
-"""EngineCore survives faults: a failing model step fails only that step's requests, and image
-metadata that could not come from the preprocessor is rejected at admission."""
+"""EngineCore survives faults: a failing model step fails only the request that causes it (its
+batch-mates are recomputed alone and finish normally), nothing the failed step computed is
+trusted afterwards, and image metadata that could not come from the preprocessor is rejected at
+admission."""
 
 from __future__ import annotations
 
@@ -17,12 +19,14 @@ from mmserve.sampling_params import SamplingParams
 
 class FlakyExecutor:
     """Samples token 7 for every request that finished its known tokens; raises on any step
-    that schedules a request whose id starts with "poison"."""
+    that schedules a request whose id starts with "poison". Records each step's request ids."""
 
     def __init__(self, scheduler: Scheduler) -> None:
         self.scheduler = scheduler
+        self.steps: list[list[str]] = []
 
     def execute_model(self, so: SchedulerOutput) -> ModelRunnerOutput:
+        self.steps.append(list(so.num_scheduled_tokens))
         if any(r.startswith("poison") for r in so.num_scheduled_tokens):
             raise RuntimeError("boom")
         ids = list(so.num_scheduled_tokens)
@@ -33,9 +37,9 @@ class FlakyExecutor:
         return ModelRunnerOutput(ids, tokens)
 
 
-def make_engine() -> EngineCore:
+def make_engine(max_num_batched_tokens: int = 64) -> EngineCore:
     scheduler = Scheduler(
-        SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=64, max_model_len=256),
+        SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=max_num_batched_tokens, max_model_len=256),
         CacheConfig(block_size=4),
         num_blocks=128,
         encoder_budget=64,
@@ -65,17 +69,60 @@ def run(engine: EngineCore, max_steps: int = 50) -> dict[str, tuple[list[int], s
     return results
 
 
-def test_a_failing_step_fails_its_requests_and_the_engine_serves_later_ones():
+def test_a_failing_step_fails_only_its_culprit_and_its_batch_mates_finish_normally():
     engine = make_engine()
+    engine.add_request(request("victim-1"))
     engine.add_request(request("poison-1"))
-    engine.add_request(request("victim"))  # scheduled in the same step: it fails too
+    engine.add_request(request("victim-2"))  # all three share the first step, which raises
     results = run(engine)
     assert results["poison-1"][1] == "error" and "internal error" in results["poison-1"][2]
-    assert results["victim"][1] == "error"
+    assert results["victim-1"] == ([7, 7, 7], "length", None)
+    assert results["victim-2"] == ([7, 7, 7], "length", None)
+    steps = engine.executor.steps
+    assert steps[0] == ["victim-1", "poison-1", "victim-2"]
+    assert steps[1:4] == [["victim-1"], ["poison-1"], ["victim-2"]]  # each alone, in order
+    assert engine.scheduler.isolated == {}
     engine.add_request(request("later"))
     results = run(engine)
     assert results["later"] == ([7, 7, 7], "length", None)
     assert engine.scheduler.kv.num_used_blocks == 0
+    assert engine.scheduler.encoder_cache.num_references() == 0
+
+
+def test_a_request_that_fails_in_a_later_chunk_is_found_and_the_others_are_served_meanwhile():
+    """The failed step comes after several good ones (chunked prefill): isolation replays each
+    request alone only up to where that step reached."""
+    engine = make_engine(max_num_batched_tokens=16)
+    engine.add_request(request("victim", num_tokens=40))
+    engine.add_request(request("poison-late", num_tokens=8))
+    results = run(engine, max_steps=100)
+    assert results["poison-late"][1] == "error"
+    assert results["victim"] == ([7, 7, 7], "length", None)
+    assert engine.scheduler.kv.num_used_blocks == 0
+
+
+def test_blocks_filled_by_a_failed_step_are_never_prefix_hits():
+    engine = make_engine()
+    engine.add_request(request("poison-prefill", num_tokens=12))  # 3 full blocks of 4, then it fails
+    run(engine)
+    engine.add_request(request("same-prompt", num_tokens=12))
+    results = run(engine)
+    assert results["same-prompt"] == ([7, 7, 7], "length", None)
+    assert engine.scheduler.kv.prefix_stats.hits == 0  # 8 tokens would hit had the blocks kept their hashes
+
+
+def test_images_encoded_in_a_failed_step_leave_the_encoder_cache():
+    engine = make_engine()
+    pixels = np.zeros((16, 12), dtype=np.float32)
+    engine.add_request(request("poison-image", [MultiModalFeature("img", 2, 4, (1, 4, 4), pixels)]))
+    run(engine)
+    cache = engine.scheduler.encoder_cache
+    assert not cache.is_cached("img")
+    assert cache.num_free_slots == cache.cache_size
+    engine.add_request(request("same-image", [MultiModalFeature("img", 2, 4, (1, 4, 4), pixels)]))
+    results = run(engine)
+    assert results["same-image"][1] == "length"
+    assert engine.scheduler.num_encoder_runs == 2  # encoded again, not served from a stale entry
 
 
 def test_inconsistent_image_metadata_is_rejected_at_admission():

@@ -120,7 +120,9 @@ class FakeRunner:
     def _slot(self, state: RunnerRequest, p: int) -> int:
         return state.block_ids[p // self.block_size] * self.block_size + p % self.block_size
 
-    def execute_model(self, so: SchedulerOutput) -> ModelRunnerOutput:
+    def execute_model(self, so: SchedulerOutput, fail: bool = False) -> ModelRunnerOutput:
+        """`fail`: the step raises after updating states, encoding and writing garbage KV for
+        the scheduled tokens, as a model run that breaks half-way would leave things."""
         step = self.num_steps
         self.num_steps += 1
         for req_id in so.finished_req_ids:
@@ -154,6 +156,13 @@ class FakeRunner:
                 assert f.mm_hash not in self.encoder_cache, f"{f.mm_hash} encoded again while cached"
                 self.encoder_cache.add(f.mm_hash)
                 self.encodes.append((step, req_id, f.mm_hash))
+
+        if fail:
+            for req_id, n in so.num_scheduled_tokens.items():
+                state = self.states[req_id]
+                for p in range(state.num_computed, state.num_computed + n):
+                    self.kv[self._slot(state, p)] = ("garbage", None)
+            raise RuntimeError("the model run failed")
 
         # Every layer writes the step's keys/values first, then attends (as the real backend does).
         for req_id, n in so.num_scheduled_tokens.items():
@@ -241,6 +250,7 @@ class Harness:
         self.finish_order: list[str] = []
         self.admission: dict[str, int] = {}  # request id → when it was (last) admitted
         self.num_admissions = 0
+        self.poison: set[str] = set()  # requests whose every step raises in the runner
 
     # -------------------------------------------------------------- driving
 
@@ -276,15 +286,25 @@ class Harness:
 
     def step(self) -> SchedulerOutput:
         was_running = list(self.scheduler.running)
+        isolating = bool(self.scheduler.isolated)
         so = self.scheduler.schedule()
         for new in so.scheduled_new_reqs:
             self.admission[new.req_id] = self.num_admissions
             self.num_admissions += 1
         preempted = [r for r in was_running if r not in self.scheduler.running and not r.is_finished]
         self.check_decision(so)
-        self.check_victims(preempted)
-        outputs = self.scheduler.update_from_output(so, self.runner.execute_model(so))
-        self._record(outputs.outputs)
+        if isolating:  # one request runs alone; the others may have to make room for it
+            assert len(so.num_scheduled_tokens) <= 1
+        else:
+            self.check_victims(preempted)
+        fail = bool(self.poison & set(so.num_scheduled_tokens))
+        try:
+            runner_output = self.runner.execute_model(so, fail=fail)
+        except RuntimeError:
+            self.scheduler.recover_failed_step(so, "internal error")
+            self._record(self.scheduler.take_error_outputs())
+        else:
+            self._record(self.scheduler.update_from_output(so, runner_output).outputs)
         self.decisions.append(dict(so.num_scheduled_tokens))
         self.check_state()
         return so
@@ -926,6 +946,7 @@ def scenarios(draw) -> dict:
                 min_tokens=draw(st.integers(0, 1)),
                 stop_token_ids=draw(st.lists(st.integers(0, VOCAB - 1), max_size=2)),
                 ignore_eos=draw(st.booleans()),
+                poison=draw(st.sampled_from([False] * 5 + [True])),
             )
         )
     return dict(config=config, requests=requests)
@@ -960,6 +981,8 @@ def test_random_workloads_finish_with_the_expected_tokens_and_free_everything(sc
                 )
             except ValueError:
                 rejected.add(spec["request_id"])
+            if spec["poison"]:
+                h.poison.add(spec["request_id"])
         h.abort(*[rid for rid in aborts.get(step, []) if rid in h.results])
         had_work = h.scheduler.has_unfinished_requests()
         num_preemptions, num_finished = h.scheduler.num_preemptions, len(h.finish_order)
@@ -975,7 +998,10 @@ def test_random_workloads_finish_with_the_expected_tokens_and_free_everything(sc
     for rid, result in h.results.items():
         want_tokens, want_reason = h.expected(rid)
         prompt, _, _ = h.prompts[rid]
-        if result.finish_reason == "abort":
+        if rid in h.poison and rid not in rejected:
+            # It raises whenever it runs: it fails alone, or is aborted first; nobody else fails.
+            assert result.finish_reason in ("error", "abort") and result.tokens == [], (rid, result)
+        elif result.finish_reason == "abort":
             assert result.tokens == want_tokens[: len(result.tokens)]
         elif result.finish_reason == "error":
             # Only a request that alone outgrows the KV cache may fail.
@@ -988,6 +1014,7 @@ def test_random_workloads_finish_with_the_expected_tokens_and_free_everything(sc
     event(f"encoder cache hits: {min(stats.encoder_cache_hits, 2)}")
     event(f"prefix cache hits: {stats.prefix_cache_hits > 0}")
     event(f"rejected at admission: {len(rejected)}")
+    event(f"poisoned requests: {min(len(h.poison - rejected), 2)}")
     for reason in ("abort", "error", "stop"):
         event(f"{reason}: {any(r.finish_reason == reason for r in h.results.values())}")
     h.check_all_freed()
