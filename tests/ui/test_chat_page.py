@@ -68,10 +68,22 @@ def test_streamed_answer_equals_the_api_answer(chat, server, image_paths, contex
     expected = api_answer(server, [user_turn("What is in this picture?", image_paths[0])])
 
     chat.attach(image_paths[0])
+    # Record whether part of the answer is on screen while it is still being generated (watched
+    # from inside the page: the whole answer may take less time than one poll from here).
+    chat.page.evaluate(
+        """() => {
+            window.partialAnswerSeen = false;
+            new MutationObserver(() => {
+                const busy = document.querySelector(".message.assistant[aria-busy=true] .markdown");
+                if (busy && busy.textContent.length) window.partialAnswerSeen = true;
+            }).observe(document.body, {
+                subtree: true, childList: true, characterData: true, attributes: true,
+            });
+        }"""
+    )
     chat.send("What is in this picture?")
-    # Part of the answer is on screen while it is still being generated.
-    expect(chat.page.locator(".message.assistant[aria-busy=true] .markdown")).not_to_be_empty()
     answer = chat.wait_for_answer(0)
+    assert chat.page.evaluate("window.partialAnswerSeen")
 
     assert answer.locator(".markdown").inner_html() == chat.render_markdown(expected)
     answer.get_by_role("button", name="Copy the answer").click()
