@@ -36,13 +36,7 @@ def plot_sweep(points: list[dict], path: str | Path, title: str) -> Path:
         ax.set_xticks(x, labels)
         ax.set_xlabel("request rate (req/s)")
         ax.grid(alpha=0.3)
-    fig.suptitle(title)
-    fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
-    return path
+    return _save(fig, path, title)
 
 
 def plot_peers(results: list[dict], path: str | Path, title: str) -> Path:
@@ -66,6 +60,13 @@ def plot_peers(results: list[dict], path: str | Path, title: str) -> Path:
     for ax in axes:
         ax.set_xticks(list(x), names, rotation=20)
         ax.grid(alpha=0.3, axis="y")
+    return _save(fig, path, title)
+
+
+def _save(fig, path: str | Path, title: str) -> Path:
+    """Title, lay out, write the PNG (creating its folder) and free the figure."""
+    import matplotlib.pyplot as plt
+
     fig.suptitle(title)
     fig.tight_layout()
     path = Path(path)
