@@ -46,6 +46,41 @@ class ChatPage:
         expect(self.prompt).to_be_editable()
         return self
 
+    def slow_down_streams(self, ms_per_event: int) -> None:
+        """Deliver each server-sent event of the page's streamed answers `ms_per_event` apart.
+
+        A short answer from a tiny model can arrive within one animation frame, which the page
+        then draws once; spacing the events out makes the stream arrive in pieces, as it does
+        from a real model. (Wraps the page's fetch: Chromium's own network throttling delivers
+        a streamed body in one piece.)
+        """
+        self.page.evaluate(
+            """(delay) => {
+                const fetchNow = window.fetch;
+                window.fetch = async (...args) => {
+                    const response = await fetchNow(...args);
+                    if (!response.headers.get("content-type")?.startsWith("text/event-stream"))
+                        return response;
+                    let pending = "";
+                    const spaced = new TransformStream({
+                        async transform(text, controller) {
+                            const events = (pending + text).split("\\n\\n");
+                            pending = events.pop();
+                            for (const event of events) {
+                                await new Promise((resolve) => setTimeout(resolve, delay));
+                                controller.enqueue(event + "\\n\\n");
+                            }
+                        },
+                        flush(controller) { if (pending) controller.enqueue(pending); },
+                    });
+                    const body = response.body.pipeThrough(new TextDecoderStream())
+                        .pipeThrough(spaced).pipeThrough(new TextEncoderStream());
+                    return new Response(body, { status: response.status, headers: response.headers });
+                };
+            }""",
+            ms_per_event,
+        )
+
     def set_settings(self, **fields: object) -> None:
         self.page.get_by_role("button", name="Settings").click()
         dialog = self.page.get_by_role("dialog", name="Settings")

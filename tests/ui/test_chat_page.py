@@ -68,6 +68,7 @@ def test_streamed_answer_equals_the_api_answer(chat, server, image_paths, contex
     expected = api_answer(server, [user_turn("What is in this picture?", image_paths[0])])
 
     chat.attach(image_paths[0])
+    chat.slow_down_streams(50)
     # Record whether part of the answer is on screen while it is still being generated (watched
     # from inside the page: the whole answer may take less time than one poll from here).
     chat.page.evaluate(
