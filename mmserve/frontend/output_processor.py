@@ -44,6 +44,9 @@ class _Parent:
         return all(c.completion.finished() for c in self.children)
 
     def snapshot(self) -> RequestOutput:
+        """The request as it stands. Its CompletionOutputs are the live ones (copying every
+        token list every step would cost O(length) per token): they keep growing after this
+        returns, so a reader takes what it needs from a snapshot before its next await."""
         return RequestOutput(
             request_id=self.request_id,
             prompt=self.prompt,

@@ -272,9 +272,12 @@ async def chat_stream(gen: _Generation, include_usage: bool) -> AsyncIterator[st
                             ],
                         }
                     )
+                # `c` keeps growing while this generator waits at a yield: take what is sent
+                # and count it as sent before yielding, or text added meanwhile is skipped.
                 delta_text = c.text[sent_chars[i] :]
                 new_tokens = len(c.token_ids) > sent_tokens[i]
-                if delta_text or (new_tokens and c.logprobs is not None) or c.finished():
+                send = delta_text or (new_tokens and c.logprobs is not None) or c.finished()
+                if send:
                     choice = {
                         "index": i,
                         "delta": {"content": delta_text} if delta_text else {},
@@ -285,9 +288,10 @@ async def chat_stream(gen: _Generation, include_usage: bool) -> AsyncIterator[st
                     }
                     if c.finished():
                         choice["stop_reason"] = c.stop_reason
-                    yield sse({**base, "choices": [choice]})
                 sent_chars[i] = len(c.text)
                 sent_tokens[i] = len(c.token_ids)
+                if send:
+                    yield sse({**base, "choices": [choice]})
         if include_usage and last is not None:
             completion_tokens = sum(len(c.token_ids) for c in last.outputs)
             yield sse(
@@ -379,18 +383,21 @@ async def completion_stream(gen: _Generation, include_usage: bool) -> AsyncItera
                 raise bad_request(snapshot.error)
             for c in snapshot.outputs:
                 index = p * n + c.index
+                # As in chat_stream: count what is sent as sent before yielding.
                 delta = c.text[sent_chars.get(index, 0) :]
                 start = sent_tokens.get(index, 0)
-                if delta or len(c.token_ids) > start or c.finished():
+                send = delta or len(c.token_ids) > start or c.finished()
+                if send:
                     choice = {
                         "index": index,
                         "text": delta,
                         "logprobs": completion_logprobs(c, start),
                         "finish_reason": c.finish_reason if c.finished() else None,
                     }
-                    yield sse({**base, "choices": [choice]})
                 sent_chars[index] = len(c.text)
                 sent_tokens[index] = len(c.token_ids)
+                if send:
+                    yield sse({**base, "choices": [choice]})
             if snapshot.finished:
                 finals[p] = snapshot
         if include_usage:
