@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import mimetypes
+import time
 from pathlib import Path
 
 from playwright.sync_api import Page, Route, expect
@@ -80,6 +81,28 @@ class ChatPage:
             }""",
             ms_per_event,
         )
+
+    def stored_titles(self) -> list[str]:
+        """The conversation titles in the page's IndexedDB, as a reload would find them."""
+        return self.page.evaluate(
+            """() => new Promise((resolve, reject) => {
+                const open = indexedDB.open("mmserve-chat");
+                open.onerror = () => reject(open.error);
+                open.onsuccess = () => {
+                    const all = open.result.transaction("meta").objectStore("meta").getAll();
+                    all.onsuccess = () => { open.result.close(); resolve(all.result.map((m) => m.title)); };
+                    all.onerror = () => reject(all.error);
+                };
+            })"""
+        )
+
+    def wait_until_stored(self, *titles: str, timeout_s: float = 5) -> None:
+        """Wait until the saved conversations are exactly those titled `titles`: the page writes
+        in the background, and a reload sooner would cut the write off."""
+        deadline = time.monotonic() + timeout_s
+        while sorted(stored := self.stored_titles()) != sorted(titles):
+            assert time.monotonic() < deadline, f"saved {stored}, not {list(titles)}"
+            time.sleep(0.05)
 
     def set_settings(self, **fields: object) -> None:
         self.page.get_by_role("button", name="Settings").click()

@@ -113,6 +113,7 @@ def test_conversation_survives_a_reload(chat, image_paths):
     chat.page.get_by_role("button", name="Rename Remember this picture.").click()
     chat.page.get_by_role("textbox", name="New title").fill("Picture notes")
     chat.page.keyboard.press("Enter")
+    chat.wait_until_stored("Picture notes")
 
     chat.page.reload()
 

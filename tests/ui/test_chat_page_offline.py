@@ -232,6 +232,7 @@ def test_conversations_new_switch_rename_delete(chat):
 
     chat.page.once("dialog", lambda dialog: dialog.accept())
     chat.page.get_by_role("button", name="Delete beta").click()
+    chat.wait_until_stored("first")
     chat.page.reload()
     expect(chat.conversations).to_have_count(1)
     expect(chat.page.get_by_role("button", name="first", exact=True)).to_have_attribute(
