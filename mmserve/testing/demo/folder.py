@@ -27,7 +27,7 @@ PRESET = checkpoints.Preset(
     num_kv_heads=2,
     mrope_section=(8, 12, 12),
     vision_dim=128,
-    vision_depth=2,
+    vision_depth=4,
     vision_heads=4,
     vision_intermediate=512,  # unused by Qwen2-VL (mlp_ratio 4)
     fullatt_block_indexes=(),
@@ -39,17 +39,17 @@ REPO_DIR = Path(__file__).resolve().parents[3]
 DEMO_MODEL_DIR = REPO_DIR / "assets" / "demo-model"
 
 
-def config() -> dict:
-    cfg = checkpoints.make_config(FAMILY, PRESET)
+def config(preset: checkpoints.Preset = PRESET) -> dict:
+    cfg = checkpoints.make_config(FAMILY, preset)
     cfg["initializer_range"] = INIT_STD
     cfg["torch_dtype"] = "bfloat16"
     return cfg
 
 
-def write_files(out_dir: Path) -> Path:
+def write_files(out_dir: Path, preset: checkpoints.Preset = PRESET) -> Path:
     """Everything but the weights: config, tokenizer, chat template, preprocessor, generation."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "config.json").write_text(json.dumps(config(), indent=2) + "\n")
+    (out_dir / "config.json").write_text(json.dumps(config(preset), indent=2) + "\n")
     shutil.copyfile(tok.TOKENIZER_JSON, out_dir / "tokenizer.json")
     tok_config = tok.tokenizer_config(PRESET.max_position_embeddings)
     (out_dir / "tokenizer_config.json").write_text(json.dumps(tok_config, indent=2) + "\n")
@@ -60,7 +60,9 @@ def write_files(out_dir: Path) -> Path:
     return out_dir
 
 
-def hub_state_dict(model: torch.nn.Module, dtype: torch.dtype = torch.bfloat16) -> dict[str, torch.Tensor]:
+def hub_state_dict(
+    model: torch.nn.Module, preset: checkpoints.Preset = PRESET, dtype: torch.dtype = torch.bfloat16
+) -> dict[str, torch.Tensor]:
     """transformers 5 names (`model.language_model.*`, `model.visual.*`) → the hub's names
     (`model.*`, `visual.*`), checked against `checkpoints.weight_shapes`."""
     renamed = {}
@@ -70,7 +72,7 @@ def hub_state_dict(model: torch.nn.Module, dtype: torch.dtype = torch.bfloat16) 
         elif name.startswith("model.visual."):
             name = "visual." + name.removeprefix("model.visual.")
         renamed[name] = tensor.detach().to(dtype).contiguous()
-    expected = checkpoints.weight_shapes(FAMILY, PRESET)
+    expected = checkpoints.weight_shapes(FAMILY, preset)
     if set(renamed) != set(expected):
         raise RuntimeError(
             f"tensor names differ from the hub layout: missing {sorted(set(expected) - set(renamed))}, "
@@ -82,8 +84,8 @@ def hub_state_dict(model: torch.nn.Module, dtype: torch.dtype = torch.bfloat16) 
     return renamed
 
 
-def write_weights(model: torch.nn.Module, out_dir: Path) -> None:
-    save_file(hub_state_dict(model), str(out_dir / "model.safetensors"), {"format": "pt"})
+def write_weights(model: torch.nn.Module, out_dir: Path, preset: checkpoints.Preset = PRESET) -> None:
+    save_file(hub_state_dict(model, preset), str(out_dir / "model.safetensors"), {"format": "pt"})
 
 
 def num_parameters() -> int:

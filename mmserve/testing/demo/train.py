@@ -12,12 +12,15 @@ fixed held-out batch: an answer whose every token is the argmax under teacher fo
 what greedy decoding produces.
 
 The run keeps its state (weights, optimiser, step) in `--work-dir` every `--save-every` steps
-and resumes from it when started again with the same work dir.
+and resumes from it when started again with the same work dir. `--init-from` starts a new
+schedule from another run's weights; when that run's vision tower had fewer blocks, the new
+blocks start as the identity (see `grow_vision_tower`), so the model begins where it was.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import time
@@ -177,6 +180,27 @@ def new_model(model_dir: Path, seed: int) -> torch.nn.Module:
     return model
 
 
+def load_grown(model: torch.nn.Module, weights: dict[str, torch.Tensor]) -> bool:
+    """Load `weights` into `model`, whose vision tower may have more blocks than theirs.
+
+    Each added block starts as the identity: its two residual branches end in projections
+    (`attn.proj`, `mlp.fc2`) that are set to zero, so the grown model computes what the loaded
+    one did and training gives the new blocks their use. Returns whether blocks were added.
+    """
+    missing, unexpected = model.load_state_dict(weights, strict=False)
+    added = sorted({int(name.split(".")[3]) for name in missing if name.startswith("model.visual.blocks.")})
+    only_blocks = all(name.startswith(tuple(f"model.visual.blocks.{i}." for i in added)) for name in missing)
+    if unexpected or not only_blocks:
+        raise ValueError(f"weights do not fit the model: missing {missing}, unexpected {unexpected}")
+    with torch.no_grad():
+        for i in added:
+            block = model.model.visual.blocks[i]
+            for projection in (block.attn.proj, block.mlp.fc2):
+                projection.weight.zero_()
+                projection.bias.zero_()
+    return bool(added)
+
+
 def answer_logits(model, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(logits [N, vocab] float32, targets [N], batch row [N]) at the N positions that predict an
     answer token. The LM head runs on those positions only: they are about a tenth of the batch,
@@ -237,6 +261,9 @@ def main() -> None:
     parser.add_argument("--eval-every", type=int, default=250)
     parser.add_argument("--eval-size", type=int, default=128)
     parser.add_argument("--init-from", type=Path, help="start from this state.pt's weights (a new schedule)")
+    parser.add_argument(
+        "--vision-depth", type=int, default=folder.PRESET.vision_depth, help="vision tower blocks"
+    )
     parser.add_argument("--stop-after", type=int, help="stop (resumably) after this step, before --steps")
     args = parser.parse_args()
     if args.steps % GROUP_STEPS or args.save_every % GROUP_STEPS:
@@ -245,7 +272,8 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
     args.work_dir.mkdir(parents=True, exist_ok=True)
-    folder_dir = folder.write_files(args.work_dir / "model")
+    preset = dataclasses.replace(folder.PRESET, vision_depth=args.vision_depth)
+    folder_dir = folder.write_files(args.work_dir / "model", preset)
     encoder = Encoder(folder_dir)
     model = new_model(folder_dir, args.seed)
     head = GroundingHead(folder.PRESET.hidden_size)
@@ -262,9 +290,10 @@ def main() -> None:
     start = 0
     if args.init_from and not (args.work_dir / "state.pt").exists():
         state = torch.load(args.init_from, weights_only=True)
-        model.load_state_dict(state["model"])
+        grown = load_grown(model, state["model"])
         head.load_state_dict(state["head"])
-        optimizer.load_state_dict(state["optimizer"])
+        if not grown:  # the optimiser's moments fit only the same parameters
+            optimizer.load_state_dict(state["optimizer"])
         print(f"initialised from {args.init_from} (its step {state['step']})", flush=True)
     elif (args.work_dir / "state.pt").exists():
         state = torch.load(args.work_dir / "state.pt", weights_only=True)
@@ -325,13 +354,13 @@ def main() -> None:
         log.flush()
         if done % args.save_every == 0 or done == args.steps:
             save_state(args.work_dir, model, head, optimizer, done)
-            folder.write_weights(model, folder_dir)
+            folder.write_weights(model, folder_dir, preset)
     if stop < args.steps:
         save_state(args.work_dir, model, head, optimizer, stop)
         print(f"stopped after step {stop} of {args.steps}; run again to resume", flush=True)
         return
-    folder.write_files(args.out)
-    folder.write_weights(model, args.out)
+    folder.write_files(args.out, preset)
+    folder.write_weights(model, args.out, preset)
     print(f"wrote {args.out} after {args.steps} steps, {time.monotonic() - began:.0f} s", flush=True)
 
 
