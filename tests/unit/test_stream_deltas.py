@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from concurrent.futures import ThreadPoolExecutor
 from types import SimpleNamespace
 
 import pytest
@@ -68,7 +69,9 @@ def streamed_text(stream, gen: GrowingGeneration, field: str) -> str:
             gen.grow_between_reads()  # the engine moves on while the client reads
         return text
 
-    return asyncio.run(read())
+    # A thread of its own: pytest-playwright leaves an event loop running on the main thread.
+    with ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, read()).result()
 
 
 @pytest.mark.parametrize("kind", ["chat", "completion"])
