@@ -14,7 +14,7 @@ what greedy decoding produces.
 The run keeps its state (weights, optimiser, step) in `--work-dir` every `--save-every` steps
 and resumes from it when started again with the same work dir. `--init-from` starts a new
 schedule from another run's weights; when that run's vision tower had fewer blocks, the new
-blocks start as the identity (see `grow_vision_tower`), so the model begins where it was.
+blocks start as the identity (see `load_grown`), so the model begins where it was.
 """
 
 from __future__ import annotations
