@@ -18,7 +18,7 @@ from mmserve.sampling_params import SamplingParams
 class MultiModalFeature:
     """One image of a request: where its placeholder tokens are and what to encode."""
 
-    mm_hash: str  # content id of the image (bytes + processor settings); keys every cache
+    mm_hash: str  # hash of the image's bytes + processor settings; keys every cache
     offset: int  # index of the first placeholder token in the prompt
     length: int  # number of placeholder tokens = number of embeddings
     grid_thw: tuple[int, int, int]  # patch grid, as the processor made it

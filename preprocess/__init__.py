@@ -18,7 +18,7 @@ from preprocess.errors import (
     PreprocessWorkerDied,
     UnsupportedImageFormat,
 )
-from preprocess.hashing import image_id
+from preprocess.hashing import mm_hash
 from preprocess.pool import PoolStats, PreprocessPool
 from preprocess.probe import ImageHeader, probe
 from preprocess.processed import ProcessedImage
@@ -43,6 +43,6 @@ __all__ = [
     "ShmHandle",
     "UnsupportedImageFormat",
     "attach",
-    "image_id",
+    "mm_hash",
     "probe",
 ]

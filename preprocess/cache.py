@@ -29,37 +29,37 @@ class ImageCache:
     def __len__(self) -> int:
         return len(self._entries)
 
-    def get(self, image_id: str, *, count: bool = True) -> SharedPixels | None:
-        """The entry for `image_id` with one reference acquired for the caller, or None.
+    def get(self, mm_hash: str, *, count: bool = True) -> SharedPixels | None:
+        """The entry for `mm_hash` with one reference acquired for the caller, or None.
 
         `count=False` leaves the query/hit counters alone (for a repeated internal look-up).
         """
         with self._lock:
-            entry = self._entries.get(image_id)
+            entry = self._entries.get(mm_hash)
             if count:
                 self.queries += 1
                 self.hits += entry is not None
             if entry is None:
                 return None
-            self._entries.move_to_end(image_id)
+            self._entries.move_to_end(mm_hash)
             entry.acquire()
             return entry
 
-    def put(self, image_id: str, entry: SharedPixels) -> None:
+    def put(self, mm_hash: str, entry: SharedPixels) -> None:
         """Cache `entry` (acquiring a reference), evicting least recently used entries to fit.
         An entry larger than the whole capacity is not cached."""
         if entry.nbytes > self.capacity_bytes:
             return
         evicted: list[SharedPixels] = []
         with self._lock:
-            if image_id in self._entries:
+            if mm_hash in self._entries:
                 return
             while self.used_bytes + entry.nbytes > self.capacity_bytes:
                 _, old = self._entries.popitem(last=False)
                 self.used_bytes -= old.nbytes
                 evicted.append(old)
             entry.acquire()
-            self._entries[image_id] = entry
+            self._entries[mm_hash] = entry
             self.used_bytes += entry.nbytes
         for old in evicted:
             old.release()

@@ -1,4 +1,4 @@
-"""The image id: one xxh3-128 hex digest per image, shared by every cache in the engine.
+"""The mm_hash: one xxh3-128 hex digest per image, shared by every cache in the engine.
 
 It covers the input (encoded bytes, or a PIL image's mode, size, palette, transparency and
 pixels) and `ProcessorSettings.digest`, so the same bytes under different settings get
@@ -14,7 +14,7 @@ from preprocess.decode import ImageSource, RawImage
 from preprocess.settings import ProcessorSettings
 
 
-def image_id(source: ImageSource | Image.Image, settings: ProcessorSettings) -> str:
+def mm_hash(source: ImageSource | Image.Image, settings: ProcessorSettings) -> str:
     """32 hex characters identifying `source` as processed under `settings`. A PIL image
     hashes as its `RawImage` (convert once and pass that when both are needed)."""
     if isinstance(source, Image.Image):

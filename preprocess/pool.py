@@ -95,25 +95,25 @@ class PreprocessPool:
         # A pool left open at exit would leave its segments to the resource tracker's warnings.
         atexit.register(self.close)
 
-    def process(self, image: PoolInput, image_id: str | None = None) -> ProcessedImage:
+    def process(self, image: PoolInput, mm_hash: str | None = None) -> ProcessedImage:
         """Blocking: the processed image (release it when done). Raises `ImageError` for a bad
-        image, `PreprocessError` if the pool failed. Pass `image_id` if already computed."""
-        image_id, source = self._identify(image, image_id)
-        claim = self._claim(image_id, count=True)
+        image, `PreprocessError` if the pool failed. Pass `mm_hash` if already computed."""
+        mm_hash, source = self._identify(image, mm_hash)
+        claim = self._claim(mm_hash, count=True)
         if claim is None:
             segment_bytes = self._segment_bytes(source)
             self._gate.acquire()
-            claim = self._start(image_id, source, segment_bytes)
+            claim = self._start(mm_hash, source, segment_bytes)
         return claim if isinstance(claim, ProcessedImage) else claim.result()
 
-    async def process_async(self, image: PoolInput, image_id: str | None = None) -> ProcessedImage:
+    async def process_async(self, image: PoolInput, mm_hash: str | None = None) -> ProcessedImage:
         """`process` for asyncio: waits for a slot and for the result without blocking the loop."""
-        image_id, source = self._identify(image, image_id)
-        claim = self._claim(image_id, count=True)
+        mm_hash, source = self._identify(image, mm_hash)
+        claim = self._claim(mm_hash, count=True)
         if claim is None:
             segment_bytes = self._segment_bytes(source)
             await self._gate.acquire_async()
-            claim = self._start(image_id, source, segment_bytes)
+            claim = self._start(mm_hash, source, segment_bytes)
         return claim if isinstance(claim, ProcessedImage) else await asyncio.wrap_future(claim)
 
     def stats(self) -> PoolStats:
@@ -159,7 +159,7 @@ class PreprocessPool:
     def __exit__(self, *exc_info: object) -> None:
         self.close()
 
-    def _identify(self, image: PoolInput, image_id: str | None) -> tuple[str, ImageSource]:
+    def _identify(self, image: PoolInput, mm_hash: str | None) -> tuple[str, ImageSource]:
         if self._closed:
             raise PreprocessPoolClosed("the preprocess pool is closed")
         if isinstance(image, Image.Image):
@@ -171,24 +171,24 @@ class PreprocessPool:
             source = bytes(image)
         else:
             raise TypeError(f"expected bytes or PIL.Image.Image, got {type(image).__name__}")
-        return image_id or hashing.image_id(source, self.settings), source
+        return mm_hash or hashing.mm_hash(source, self.settings), source
 
     def _segment_bytes(self, source: ImageSource) -> int:
         """Checks the header (raising `ImageError`) and sizes the segment for the result."""
         return shm.segment_size(pixel_values_nbytes(source, self.settings))
 
-    def _claim(self, image_id: str, *, count: bool) -> _Claim | None:
+    def _claim(self, mm_hash: str, *, count: bool) -> _Claim | None:
         with self._lock:
-            return self._claim_locked(image_id, count=count)
+            return self._claim_locked(mm_hash, count=count)
 
-    def _claim_locked(self, image_id: str, *, count: bool) -> _Claim | None:
+    def _claim_locked(self, mm_hash: str, *, count: bool) -> _Claim | None:
         """A cache hit, or a seat on the running computation, or None. Call with the lock held:
         `_on_done` caches a result and retires its job under the same lock, so nothing slips
         between the two look-ups."""
-        shared = self._cache.get(image_id, count=count)
+        shared = self._cache.get(mm_hash, count=count)
         if shared is not None:
             return ProcessedImage(shared)
-        waiters = self._jobs.get(image_id)
+        waiters = self._jobs.get(mm_hash)
         if waiters is None:
             return None
         future: Future = Future()
@@ -196,19 +196,19 @@ class PreprocessPool:
         self._shared_computations += 1
         return future
 
-    def _start(self, image_id: str, source: ImageSource, segment_bytes: int) -> _Claim:
+    def _start(self, mm_hash: str, source: ImageSource, segment_bytes: int) -> _Claim:
         """Holding an admission slot: start the computation, or give the slot back if the
         image turned up (cached or in flight) while we waited for it."""
         task: Task | None = None
         with self._lock:
-            claim = self._claim_locked(image_id, count=False)
+            claim = self._claim_locked(mm_hash, count=False)
             if claim is None:
                 claim = Future()
-                self._jobs[image_id] = [claim]
+                self._jobs[mm_hash] = [claim]
                 task_id = next(self._task_ids)
                 spare = self._spares.take(segment_bytes)
                 shm_name = spare or f"{self.segment_prefix}{task_id:x}"
-                task = Task(task_id, image_id, source, shm_name, segment_bytes, recycled=spare is not None)
+                task = Task(task_id, mm_hash, source, shm_name, segment_bytes, recycled=spare is not None)
         if task is None:
             self._gate.release()
             return claim
@@ -226,16 +226,16 @@ class PreprocessPool:
             try:
                 tokens = num_tokens(done.grid, self.settings)
                 shared = SharedPixels(
-                    task.image_id, done.handle, done.grid, tokens, task.segment_bytes, self._spares.give
+                    task.mm_hash, done.handle, done.grid, tokens, task.segment_bytes, self._spares.give
                 )
             except OSError as exc:
-                error = PreprocessFailed(f"could not map the result of image {task.image_id}: {exc}")
+                error = PreprocessFailed(f"could not map the result of image {task.mm_hash}: {exc}")
         if error is not None:
             self._free_failed(task, error)
         with self._lock:
             if shared is not None:
-                self._cache.put(task.image_id, shared)
-            waiters = self._jobs.pop(task.image_id)
+                self._cache.put(task.mm_hash, shared)
+            waiters = self._jobs.pop(task.mm_hash)
         self._gate.release()
         for future in waiters:
             if shared is None:

@@ -24,14 +24,14 @@ class SharedPixels:
 
     def __init__(
         self,
-        image_id: str,
+        mm_hash: str,
         handle: shm.ShmHandle,
         grid_thw: GridTHW,
         num_tokens: int,
         segment_bytes: int,
         free: FreeSegment,
     ) -> None:
-        self.image_id = image_id
+        self.mm_hash = mm_hash
         self.handle = handle
         self.grid_thw = grid_thw
         self.num_tokens = num_tokens
@@ -76,8 +76,8 @@ class ProcessedImage:
         self._release = weakref.finalize(self, shared.release)
 
     @property
-    def id(self) -> str:
-        return self._shared.image_id
+    def mm_hash(self) -> str:
+        return self._shared.mm_hash
 
     @property
     def grid_thw(self) -> GridTHW:
@@ -90,7 +90,7 @@ class ProcessedImage:
     @property
     def pixel_values(self) -> np.ndarray:
         if self.released:
-            raise RuntimeError(f"image {self.id} was released")
+            raise RuntimeError(f"image {self.mm_hash} was released")
         return self._shared.pixels
 
     @property
@@ -114,4 +114,7 @@ class ProcessedImage:
 
     def __repr__(self) -> str:
         state = "released" if self.released else self.handle.shm_name
-        return f"ProcessedImage(id={self.id}, grid_thw={self.grid_thw}, tokens={self.num_tokens}, {state})"
+        return (
+            f"ProcessedImage(mm_hash={self.mm_hash}, grid_thw={self.grid_thw}, "
+            f"tokens={self.num_tokens}, {state})"
+        )

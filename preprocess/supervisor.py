@@ -203,7 +203,7 @@ class WorkerSupervisor:
             task, worker.task = worker.task, None
             error = PreprocessWorkerDied(
                 f"preprocess worker {worker.index} (pid {worker.process.pid}) died with {status} "
-                f"while processing image {task.image_id}"
+                f"while processing image {task.mm_hash}"
             )
             self._on_done(task, TaskDone(task.task_id, error=error))
         if not worker.ready:

@@ -27,7 +27,7 @@ class Task:
     the worker dies half-way."""
 
     task_id: int
-    image_id: str
+    mm_hash: str
     source: ImageSource
     shm_name: str
     segment_bytes: int

@@ -2,7 +2,7 @@
 
 Chat messages are validated, their images loaded (data URL, file, http) and preprocessed by the
 pool, the chat template renders one <|image_pad|> per image, and each pad is expanded to the
-image's token count. The image's content id from the pool is its hash in every cache.
+image's token count. The image's mm_hash from the pool keys every cache.
 """
 
 from __future__ import annotations
@@ -238,7 +238,7 @@ class InputProcessor:
                 expanded.extend(token_ids[previous:position])
                 features.append(
                     MultiModalFeature(
-                        image.id,
+                        image.mm_hash,
                         len(expanded),
                         image.num_tokens,
                         tuple(image.grid_thw),

@@ -9,16 +9,16 @@ import pytest
 from preprocess_cases import Processors, case_bytes, palette_image, rgb_image
 
 from mmserve.testing.checkpoints import checkpoint
-from preprocess import ProcessorSettings, image_id
+from preprocess import ProcessorSettings, mm_hash
 from preprocess.decode import RawImage
 
 
 def test_id_is_128_bit_hex_and_stable(processors: dict[str, Processors]) -> None:
     settings = processors["tiny"].settings
     data = case_bytes("png_56x56")
-    key = image_id(data, settings)
+    key = mm_hash(data, settings)
     assert len(key) == 32 and int(key, 16) >= 0
-    assert image_id(bytes(data), settings) == key
+    assert mm_hash(bytes(data), settings) == key
 
 
 @pytest.mark.parametrize(
@@ -37,13 +37,13 @@ def test_id_is_128_bit_hex_and_stable(processors: dict[str, Processors]) -> None
 )
 def test_same_bytes_under_different_settings_get_different_ids(change: dict) -> None:
     data = case_bytes("png_56x56")
-    assert image_id(data, ProcessorSettings()) != image_id(data, replace(ProcessorSettings(), **change))
+    assert mm_hash(data, ProcessorSettings()) != mm_hash(data, replace(ProcessorSettings(), **change))
 
 
 def test_limits_do_not_change_the_id() -> None:
     data = case_bytes("png_56x56")
     limited = replace(ProcessorSettings(), max_image_pixels=1000, formats=("PNG",))
-    assert image_id(data, ProcessorSettings()) == image_id(data, limited)
+    assert mm_hash(data, ProcessorSettings()) == mm_hash(data, limited)
 
 
 def test_pil_id_covers_mode_size_palette_and_transparency() -> None:
@@ -53,15 +53,15 @@ def test_pil_id_covers_mode_size_palette_and_transparency() -> None:
     other_palette.putpalette([255 - v for v in base.getpalette()])
     transparent = base.copy()
     transparent.info["transparency"] = 3
-    ids = {image_id(image, settings) for image in (base, other_palette, transparent, base.convert("RGB"))}
+    ids = {mm_hash(image, settings) for image in (base, other_palette, transparent, base.convert("RGB"))}
     assert len(ids) == 4
-    assert image_id(base.copy(), settings) == image_id(RawImage.from_pil(base), settings)
+    assert mm_hash(base.copy(), settings) == mm_hash(RawImage.from_pil(base), settings)
 
 
 def test_pil_pixels_and_encoded_bytes_never_share_an_id() -> None:
     image = rgb_image(8, 8)
     raw = RawImage.from_pil(image)
-    assert image_id(raw, ProcessorSettings()) != image_id(raw.pixels, ProcessorSettings())
+    assert mm_hash(raw, ProcessorSettings()) != mm_hash(raw.pixels, ProcessorSettings())
 
 
 def test_raw_image_round_trip_keeps_what_conversion_reads() -> None:

@@ -26,7 +26,7 @@ from preprocess_cases import (
 )
 from shm_peer import attach_and_inspect, exit_at_start
 
-from preprocess import PreprocessPool, PreprocessPoolClosed, PreprocessWorkerDied, image_id
+from preprocess import PreprocessPool, PreprocessPoolClosed, PreprocessWorkerDied, mm_hash
 from preprocess.shm import list_segments, segment_size
 
 MakePool = Callable[..., PreprocessPool]
@@ -78,7 +78,7 @@ def test_cache_hit_returns_the_same_pixels_without_a_worker_round_trip(make_pool
     third = asyncio.run(pool.process_async(data))
     stats = pool.stats()
     assert (stats.tasks_submitted, stats.cache_queries, stats.cache_hits) == (1, 3, 2)
-    assert first.id == second.id == third.id == image_id(data, pool.settings)
+    assert first.mm_hash == second.mm_hash == third.mm_hash == mm_hash(data, pool.settings)
     assert first.handle == second.handle == third.handle
     np.testing.assert_array_equal(first.pixel_values, third.pixel_values)
     for image in (first, second, third):
@@ -186,7 +186,7 @@ def test_killed_worker_fails_only_its_request_and_the_pool_heals(make_pool: Make
         rf"preprocess worker 0 \(pid {victim}\) died with exit code -9 \(SIGKILL\) while processing image "
     )
     assert re.fullmatch(expected + "[0-9a-f]{32}", str(failures[0]))
-    assert str(failures[0]).endswith(image_id(batch[results.index(failures[0])], pool.settings))
+    assert str(failures[0]).endswith(mm_hash(batch[results.index(failures[0])], pool.settings))
     for r in results:
         if not isinstance(r, Exception):
             assert r.grid_thw == (1, 26, 36)
