@@ -207,7 +207,7 @@ class CacheConfig:
 
 @dataclass(frozen=True)
 class SchedulerConfig:
-    """Token budget per step and the encoder's own budget (both in tokens / embeddings)."""
+    """Token budget per step, the encoder's own budget (tokens / embeddings), the scheduling policy."""
 
     max_num_seqs: int = 128
     max_num_batched_tokens: int = 2048
@@ -216,8 +216,13 @@ class SchedulerConfig:
     encoder_compute_budget: int = 0  # embeddings encoded per step; 0 = derive (see EngineConfig)
     encoder_cache_size: int = 0  # embeddings kept in the encoder cache; 0 = derive
     max_waiting_requests: int = 0  # 0 = unbounded
+    scheduling_policy: str = "fcfs"  # "fcfs", or "priority": lower `priority` first, then arrival
 
     def __post_init__(self) -> None:
+        if self.scheduling_policy not in ("fcfs", "priority"):
+            raise ValueError(
+                f"scheduling_policy must be 'fcfs' or 'priority', got {self.scheduling_policy!r}"
+            )
         if self.max_num_seqs < 1:
             raise ValueError(f"max_num_seqs must be ≥ 1, got {self.max_num_seqs}")
         if self.max_num_batched_tokens < 1:

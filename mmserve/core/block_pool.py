@@ -9,7 +9,7 @@ created: the KVBlock objects are made once.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 
 from mmserve.core.block_hash import BlockHash
 
@@ -61,11 +61,19 @@ class FreeBlockQueue:
         block.prev_free = block.next_free = None
         self.num_free -= 1
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[KVBlock]:
+        """Head to tail: the next block to evict first."""
         block = self._head.next_free
         while block is not self._tail:
             yield block
             block = block.next_free
+
+    def __reversed__(self) -> Iterator[KVBlock]:
+        """Tail to head, along the `prev_free` links (a check that both directions agree)."""
+        block = self._tail.prev_free
+        while block is not self._head:
+            yield block
+            block = block.prev_free
 
 
 class BlockPool:

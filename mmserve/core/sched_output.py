@@ -45,7 +45,7 @@ class SchedulerOutput:
     num_scheduled_tokens: dict[str, int]  # the step's decision: request id → tokens to compute
     total_num_scheduled_tokens: int
     scheduled_encoder_inputs: dict[str, list[int]]  # request id → indices of mm_features to encode now
-    finished_req_ids: set[str]  # finished, aborted or preempted: the runner drops their state
+    dropped_req_ids: set[str]  # finished, aborted or preempted — the runner drops their state
     free_encoder_mm_hashes: list[str]  # embeddings the runner may drop from its encoder cache
 
     @classmethod

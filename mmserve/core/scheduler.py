@@ -1,52 +1,58 @@
 """The scheduler: one token budget per step, shared by prompt and generated tokens.
 
-Each step decides {request_id: num_tokens}. Running requests go first (in admission order, or
-most urgent first under the priority policy), each asking for all the tokens it has not computed
-yet (one, once decoding; the rest of its prompt while prefilling), capped by the step budget;
-then waiting requests are admitted in queue order, starting after their longest cached prefix.
-Chunked prefill is simply a request receiving fewer tokens than it has left. Images add one rule:
-a span that reaches an image not in the encoder cache encodes the whole image this step if the
-encoder budget and cache allow, else stops just before it. When KV blocks run out, the
-lowest-priority running request is preempted and later recomputed.
+Each step decides {request_id: num_tokens}. Running requests go first, each asking for all the
+tokens it has not computed yet (one, once decoding; the rest of its prompt while prefilling),
+capped by the step budget; then waiting requests are admitted in queue order, starting after
+their longest cached prefix. Chunked prefill is simply a request receiving fewer tokens than it
+has left. Images add one rule: a span that reaches an image not in the encoder cache encodes the
+whole image this step if the encoder budget and cache allow, else stops just before it
+(span_plan.py). When KV blocks run out, a running request is preempted and later recomputed.
 
-A step whose model run raised is undone (`recover_failed_step`): alone, its request is the
-cause and fails; with others, its requests are recomputed one at a time, each alone, up to where
-that step reached, so that only the request that raises again fails and the rest carry on.
+Which waiting request comes next, where it joins the running list and which running request is
+preempted are the scheduling policy's choices (request_queue.py: FCFS or priority). A step whose
+model run raised is undone and replayed one request at a time (step_recovery.py).
 """
 
 from __future__ import annotations
 
-import bisect
+import enum
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from mmserve.config import CacheConfig, SchedulerConfig
 from mmserve.core.encoder_cache_manager import EncoderCacheManager
 from mmserve.core.kv_cache_manager import KVCacheManager
 from mmserve.core.request import Request, RequestStatus
-from mmserve.core.request_queue import RequestQueue
+from mmserve.core.request_queue import create_request_queue
 from mmserve.core.sched_output import (
     CachedRequestData,
+    LogprobsLists,
     ModelRunnerOutput,
     NewRequestData,
     SchedulerOutput,
 )
+from mmserve.core.span_plan import SpanPlan, plan_span
+from mmserve.core.step_recovery import StepRecovery
 from mmserve.protocol import EngineCoreOutput, EngineCoreOutputs, Logprobs, SchedulerStats
 
 
 @dataclass
-class _EncoderPlan:
-    """What scheduling a span needs from the encoder cache, applied only if the span is kept."""
+class _Step:
+    """What one `schedule()` call has decided so far, and the budgets it has left."""
 
-    num_new_tokens: int
-    to_encode: list[int]  # feature indices to encode this step
-    to_reference: list[int]  # feature indices already cached
-    encoder_budget: int  # what remains of the step's encoder budget afterwards
+    token_budget: int
+    encoder_budget: int
+    num_scheduled_tokens: dict[str, int] = field(default_factory=dict)
+    encoder_inputs: dict[str, list[int]] = field(default_factory=dict)
+    new_requests: list[NewRequestData] = field(default_factory=list)
+    cached_requests: CachedRequestData = field(default_factory=CachedRequestData)
+    preempted: bool = False
 
 
-def _urgency(request: Request) -> tuple[int, float]:
-    """Sort key under the priority policy: lower runs first (priority, then arrival)."""
-    return request.priority, request.arrival_time
+class _Admission(enum.Enum):
+    ADMITTED = enum.auto()
+    NO_TOKENS = enum.auto()  # the budgets or the encoder cache allow it no token this step
+    NO_BLOCKS = enum.auto()
 
 
 class Scheduler:
@@ -57,23 +63,22 @@ class Scheduler:
         num_blocks: int,
         encoder_budget: int,
         encoder_cache_size: int,
-        priority_policy: bool = False,
     ) -> None:
         self.config = scheduler_config
         self.block_size = cache_config.block_size
         self.max_model_len = scheduler_config.max_model_len
         self.encoder_budget = encoder_budget
         self.kv = KVCacheManager(num_blocks, cache_config.block_size, cache_config.enable_prefix_caching)
-        self.encoder_cache = EncoderCacheManager(encoder_cache_size)
+        self.encoder_cache_manager = EncoderCacheManager(encoder_cache_size)
         self.requests: dict[str, Request] = {}
-        self.waiting = RequestQueue(priority_policy)
+        self.waiting = create_request_queue(scheduler_config.scheduling_policy)
         self.running: list[Request] = []
-        self.finished_req_ids: set[str] = set()  # to tell the runner next step
+        # Finished, aborted or preempted since the last step: the runner drops their state.
+        self.dropped_req_ids: set[str] = set()
         self._runner_has: set[str] = set()  # requests whose state the runner holds
         self.num_preemptions = 0
         self._error_outputs: list[EngineCoreOutput] = []  # failures found while scheduling
-        # After a failed step: request id → computed tokens it must reach running alone.
-        self.isolated: dict[str, int] = {}
+        self.step_recovery = StepRecovery(self)
         self.num_encoder_runs = 0
 
     # ------------------------------------------------------------------ admission
@@ -93,7 +98,7 @@ class Scheduler:
                 f"{self.max_model_len} (room is needed for at least one generated token)"
             )
         for f in request.mm_features:
-            limit = min(self.encoder_budget, self.encoder_cache.cache_size)
+            limit = min(self.encoder_budget, self.encoder_cache_manager.cache_size)
             if f.length > limit:
                 raise ValueError(
                     f"an image needs {f.length} tokens, more than the encoder budget/cache allows per "
@@ -119,167 +124,138 @@ class Scheduler:
     # ------------------------------------------------------------------ one step
 
     def schedule(self) -> SchedulerOutput:
-        token_budget = self.config.max_num_batched_tokens
-        encoder_budget = self.encoder_budget
-        num_scheduled: dict[str, int] = {}
-        encoder_inputs: dict[str, list[int]] = {}
-        new_reqs: list[NewRequestData] = []
-        cached = CachedRequestData()
-        preempted = False
-        alone = self._next_isolated()  # when set, the only request this step may schedule
+        """Each step gives requests tokens so that their `num_computed_tokens` catch up with their
+        `num_tokens`: running requests first, in order, then waiting ones admitted in queue order
+        after their longest cached prefix, all under one token budget. Prompt and generated tokens
+        are the same kind of thing: there are no prefill and decode phases, and chunked prefill is
+        a request receiving fewer tokens than it has left."""
+        step = _Step(self.config.max_num_batched_tokens, self.encoder_budget)
+        isolated = self.step_recovery.next_isolated()
+        if isolated is not None:  # a failed step is being replayed, one request at a time
+            self._schedule_isolated(step, isolated)
+        else:
+            self._schedule_running(step)
+            if not step.preempted:  # a step that had to preempt has no room to admit
+                self._schedule_waiting(step)
+        return self._emit(step)
 
-        # Running requests first, oldest (or most urgent) first; preemption takes from the back.
-        i = 0
-        while i < len(self.running) and token_budget > 0:
-            request = self.running[i]
-            if alone is not None and request is not alone:
-                i += 1
-                continue
-            num_new = self._num_new_tokens(request, request.num_computed_tokens, token_budget)
-            plan = self._plan_encoder(request, request.num_computed_tokens, num_new, encoder_budget)
-            if plan.num_new_tokens == 0:
-                i += 1
-                continue
+    def _schedule_running(self, step: _Step) -> None:
+        index = 0
+        while index < len(self.running) and step.token_budget > 0:
+            if self._schedule_running_request(step, index):
+                index += 1
+
+    def _schedule_running_request(self, step: _Step, index: int) -> bool:
+        """Schedule `running[index]`, preempting from the requests not yet served this step (it or
+        later ones) when blocks run out. False when it left `running` (preempted or failed)."""
+        request = self.running[index]
+        plan = self._plan_span(request, request.num_computed_tokens, step)
+        if plan.num_new_tokens == 0:
+            return True
+        new_block_ids = self.kv.allocate_slots(request, plan.num_new_tokens)
+        if new_block_ids is None and len(self.running) == 1:
+            # Alone and still out of blocks: recomputing would need the same blocks again.
+            self._fail_out_of_blocks(request)
+            return False
+        while new_block_ids is None:
+            victim = self.waiting.choose_victim(self.running[index:])
+            self.preempt(victim)
+            step.preempted = True
+            if victim is request:
+                return False
             new_block_ids = self.kv.allocate_slots(request, plan.num_new_tokens)
-            if new_block_ids is None and len(self.running) == 1:
-                # Alone and still out of blocks: recomputing would need the same blocks again.
-                self._fail_out_of_blocks(request)
-                continue
-            while new_block_ids is None:
-                # Only requests not yet scheduled this step may be preempted: `request` or later ones.
-                victim = self._pick_victim(self.running[i:])
-                self._preempt(victim)
-                preempted = True
-                if victim is request:
+        self._commit(step, request, plan, new_block_ids)
+        return True
+
+    def _schedule_waiting(self, step: _Step) -> None:
+        while self.waiting and step.token_budget > 0 and len(self.running) < self.config.max_num_seqs:
+            if self._try_admit(step, self.waiting.peek()) is not _Admission.ADMITTED:
+                return
+
+    def _try_admit(self, step: _Step, request: Request) -> _Admission:
+        """Schedule a waiting request from the end of its longest cached prefix on."""
+        hit_blocks, num_hit = self.kv.get_computed_blocks(request)
+        plan = self._plan_span(request, num_hit, step)
+        if plan.num_new_tokens == 0:
+            return _Admission.NO_TOKENS
+        new_block_ids = self.kv.allocate_slots(request, plan.num_new_tokens, hit_blocks)
+        if new_block_ids is None:
+            return _Admission.NO_BLOCKS
+        self.waiting.remove(request)
+        self.kv.record_prefix_lookup(request.num_tokens, num_hit)
+        request.status = RequestStatus.RUNNING
+        request.num_computed_tokens = num_hit
+        if request.num_cached_tokens < 0:
+            request.num_cached_tokens = num_hit
+        self.waiting.add_running(self.running, request)
+        self._commit(step, request, plan, new_block_ids)
+        return _Admission.ADMITTED
+
+    def _schedule_isolated(self, step: _Step, request: Request) -> None:
+        """Schedule `request` alone (see step_recovery), taking from the others what it needs."""
+        if request.status == RequestStatus.RUNNING:
+            self._schedule_running_request(step, self.running.index(request))
+        elif len(self.running) < self.config.max_num_seqs:
+            while self._try_admit(step, request) is _Admission.NO_BLOCKS:
+                if not self.running:
+                    self._fail_out_of_blocks(request)
                     break
-                new_block_ids = self.kv.allocate_slots(request, plan.num_new_tokens)
-            if new_block_ids is None:  # `request` itself was preempted
-                continue
-            self._apply_encoder_plan(request, plan, encoder_inputs)
-            encoder_budget = plan.encoder_budget
-            num_scheduled[request.request_id] = plan.num_new_tokens
-            token_budget -= plan.num_new_tokens
-            if request.request_id in self._runner_has:
-                cached.req_ids.append(request.request_id)
-                cached.new_block_ids.append(new_block_ids)
-                cached.num_computed_tokens.append(request.num_computed_tokens)
-            else:
-                new_reqs.append(self._new_request_data(request))
-            i += 1
+                self.preempt(self.waiting.choose_victim(self.running))
+        if not step.num_scheduled_tokens:
+            # What it needs (encoder cache room, blocks, a seat) is held by requests that cannot run now.
+            for victim in [r for r in reversed(self.running) if r is not request]:
+                self.preempt(victim)
 
-        # Then waiting requests, unless this step had to preempt (there is no room to grow).
-        max_seqs = self.config.max_num_seqs
-        if alone is not None and alone.status == RequestStatus.RUNNING:
-            max_seqs = 0  # it was served above
-        while self.waiting and token_budget > 0 and not preempted and len(self.running) < max_seqs:
-            request = self.waiting.peek() if alone is None else alone
-            hit_blocks, num_hit = self.kv.get_computed_blocks(request)
-            num_new = self._num_new_tokens(request, num_hit, token_budget)
-            plan = self._plan_encoder(request, num_hit, num_new, encoder_budget)
-            if plan.num_new_tokens == 0:
-                break
-            new_block_ids = self.kv.allocate_slots(request, plan.num_new_tokens, hit_blocks)
-            if new_block_ids is None and alone is not None:
-                if self.running:  # the others wait while it runs alone
-                    self._preempt(self._pick_victim(self.running))
-                    continue
-                self._fail_out_of_blocks(request)
-                break
-            if new_block_ids is None:
-                break
-            if alone is None:
-                self.waiting.pop()
-            else:
-                self.waiting.remove(request)
-            self.kv.record_prefix_lookup(request.num_tokens, num_hit)
-            request.status = RequestStatus.RUNNING
-            request.num_computed_tokens = num_hit
-            if request.num_cached_tokens < 0:
-                request.num_cached_tokens = num_hit
-            if self.waiting.priority_policy:
-                # Most urgent first: served first, and victims (taken from the back) are the least urgent.
-                bisect.insort(self.running, request, key=_urgency)
-            else:
-                self.running.append(request)
-            self._apply_encoder_plan(request, plan, encoder_inputs)
-            encoder_budget = plan.encoder_budget
-            num_scheduled[request.request_id] = plan.num_new_tokens
-            token_budget -= plan.num_new_tokens
-            new_reqs.append(self._new_request_data(request))
-            if alone is not None:
-                break
-        if alone is not None and not num_scheduled:
-            # What it needs (encoder cache room, blocks) is held by requests that cannot run now.
-            for victim in [r for r in reversed(self.running) if r is not alone]:
-                self._preempt(victim)
+    def _commit(self, step: _Step, request: Request, plan: SpanPlan, new_block_ids: list[int]) -> None:
+        """Take a request's planned span into the step: its images, its tokens, and what the
+        runner is told (everything if it does not hold the request yet, else what changed)."""
+        self._apply_encoder_plan(request, plan, step.encoder_inputs)
+        step.encoder_budget = plan.encoder_budget
+        step.num_scheduled_tokens[request.request_id] = plan.num_new_tokens
+        step.token_budget -= plan.num_new_tokens
+        if request.request_id in self._runner_has:
+            step.cached_requests.req_ids.append(request.request_id)
+            step.cached_requests.new_block_ids.append(new_block_ids)
+            step.cached_requests.num_computed_tokens.append(request.num_computed_tokens)
+        else:
+            step.new_requests.append(self._new_request_data(request))
 
+    def _emit(self, step: _Step) -> SchedulerOutput:
+        """The step's SchedulerOutput; from here on, the requests count its tokens as computed."""
         output = SchedulerOutput(
-            scheduled_new_reqs=new_reqs,
-            scheduled_cached_reqs=cached,
-            num_scheduled_tokens=num_scheduled,
-            total_num_scheduled_tokens=sum(num_scheduled.values()),
-            scheduled_encoder_inputs=encoder_inputs,
-            finished_req_ids=self.finished_req_ids,
-            free_encoder_mm_hashes=self.encoder_cache.take_freed(),
+            scheduled_new_reqs=step.new_requests,
+            scheduled_cached_reqs=step.cached_requests,
+            num_scheduled_tokens=step.num_scheduled_tokens,
+            total_num_scheduled_tokens=sum(step.num_scheduled_tokens.values()),
+            scheduled_encoder_inputs=step.encoder_inputs,
+            dropped_req_ids=self.dropped_req_ids,
+            free_encoder_mm_hashes=self.encoder_cache_manager.take_freed(),
         )
-        self.finished_req_ids = set()
-        for request_id, n in num_scheduled.items():
-            self.requests[request_id].num_computed_tokens += n
-        self._runner_has.update(num_scheduled)
+        self.dropped_req_ids = set()
+        for request_id, num_tokens in step.num_scheduled_tokens.items():
+            self.requests[request_id].num_computed_tokens += num_tokens
+        self._runner_has.update(step.num_scheduled_tokens)
         return output
 
-    def _next_isolated(self) -> Request | None:
-        """The request to run alone this step, if a failed step left any (oldest first)."""
-        for request_id in self.isolated:
-            return self.requests[request_id]
-        return None
-
-    def _num_new_tokens(self, request: Request, num_computed: int, token_budget: int) -> int:
-        num_new = request.num_tokens - num_computed
+    def _plan_span(self, request: Request, num_computed: int, step: _Step) -> SpanPlan:
+        """All the tokens the request has not computed, within the budgets and the prefill cap."""
+        num_new = min(request.num_tokens - num_computed, step.token_budget)
         threshold = self.config.long_prefill_token_threshold
         if threshold > 0:
             num_new = min(num_new, threshold)
-        return min(num_new, token_budget)
+        return plan_span(self.encoder_cache_manager, request, num_computed, num_new, step.encoder_budget)
 
-    def _plan_encoder(self, request: Request, num_computed: int, num_new: int, budget: int) -> _EncoderPlan:
-        """Cached images the span reads are kept: their room cannot go to the ones it encodes."""
-        cache = self.encoder_cache
-        to_encode, to_reference = [], []
-        encoded: set[str] = set()
-        kept: set[str] = set()
-        encode_size = 0
-        for index, f in enumerate(request.mm_features):
-            if f.offset >= num_computed + num_new:
-                break
-            if f.offset + f.length <= num_computed or f.mm_hash in encoded or f.mm_hash in kept:
-                continue  # already computed past this image, or already in the plan
-            is_cached = cache.is_cached(f.mm_hash)
-            if is_cached:
-                fits = cache.can_allocate(encode_size, keep=kept | {f.mm_hash})
-            else:
-                fits = f.length <= budget and cache.can_allocate(encode_size + f.length, keep=kept)
-            if not fits:
-                num_new = max(f.offset - num_computed, 0)  # stop just before this image
-                break
-            if is_cached:
-                kept.add(f.mm_hash)
-                to_reference.append(index)
-            else:
-                budget -= f.length
-                encode_size += f.length
-                encoded.add(f.mm_hash)
-                to_encode.append(index)
-        return _EncoderPlan(num_new, to_encode, to_reference, budget)
-
-    def _apply_encoder_plan(self, request: Request, plan: _EncoderPlan, encoder_inputs: dict) -> None:
-        rid = request.request_id
+    def _apply_encoder_plan(
+        self, request: Request, plan: SpanPlan, encoder_inputs: dict[str, list[int]]
+    ) -> None:
+        request_id = request.request_id
         for index in plan.to_reference:  # first, so that allocating cannot evict them
-            self.encoder_cache.add_reference(request.mm_features[index].mm_hash, rid)
+            self.encoder_cache_manager.add_reference(request.mm_features[index].mm_hash, request_id)
         for index in plan.to_encode:
             f = request.mm_features[index]
-            self.encoder_cache.allocate(f.mm_hash, f.length, rid)
+            self.encoder_cache_manager.allocate(f.mm_hash, f.length, request_id)
         if plan.to_encode:
-            encoder_inputs[rid] = plan.to_encode
+            encoder_inputs[request_id] = plan.to_encode
             self.num_encoder_runs += len(plan.to_encode)
 
     def _new_request_data(self, request: Request) -> NewRequestData:
@@ -293,12 +269,8 @@ class Scheduler:
             output_token_ids=list(request.output_token_ids),
         )
 
-    def _pick_victim(self, candidates: list[Request]) -> Request:
-        if self.waiting.priority_policy:
-            return max(candidates, key=_urgency)
-        return candidates[-1]
-
-    def _preempt(self, request: Request) -> None:
+    def preempt(self, request: Request) -> None:
+        """Free a running request's blocks and images; it recomputes from the start when readmitted."""
         self.running.remove(request)
         self._release_resources(request)
         request.status = RequestStatus.PREEMPTED
@@ -309,74 +281,54 @@ class Scheduler:
 
     # ------------------------------------------------------------------ after the model ran
 
-    def update_from_output(self, so: SchedulerOutput, runner_output: ModelRunnerOutput) -> EngineCoreOutputs:
+    def update_from_output(
+        self, scheduler_output: SchedulerOutput, runner_output: ModelRunnerOutput
+    ) -> EngineCoreOutputs:
+        """Append the tokens the runner sampled for `scheduler_output`, finish the requests that
+        stop, and release the images the requests have computed past."""
         outputs = self.take_error_outputs()
-        logprobs = runner_output.logprobs
         for request_id, new_tokens in zip(runner_output.req_ids, runner_output.sampled_token_ids):
             request = self.requests.get(request_id)
             if request is None or request.is_finished:
                 continue  # aborted while the step ran
-            if self.isolated.get(request_id, -1) <= request.num_computed_tokens:
-                self.isolated.pop(request_id, None)  # past where the failed step reached: cleared
+            self.step_recovery.record_progress(request)
             self._release_passed_images(request)
-            if not new_tokens:
-                continue  # mid-prefill
-            accepted = []
-            for token in new_tokens:
-                request.append_output_token(token)
-                accepted.append(token)
-                status = self._check_stop(request, token)
-                if status is not None:
-                    self._finish(request, status)
-                    break
-            lp = logprobs.get(request_id)
-            outputs.append(
-                EngineCoreOutput(
-                    request_id,
-                    accepted,
-                    finish_reason=request.status.finish_reason,
-                    stop_reason=request.stop_reason,
-                    new_logprobs=Logprobs(lp.token_ids, lp.logprobs, lp.sampled_ranks) if lp else None,
-                    num_cached_tokens=max(request.num_cached_tokens, 0),
-                )
-            )
+            if new_tokens:  # none mid-prefill
+                logprobs = runner_output.logprobs.get(request_id)
+                outputs.append(self._append_output_tokens(request, new_tokens, logprobs))
         return EngineCoreOutputs(outputs=outputs, stats=self.stats())
+
+    def _append_output_tokens(
+        self, request: Request, new_tokens: list[int], logprobs: LogprobsLists | None
+    ) -> EngineCoreOutput:
+        """Append tokens up to the first that stops the request (which finishes it)."""
+        accepted = []
+        for token in new_tokens:
+            request.append_output_token(token)
+            accepted.append(token)
+            status = self._check_stop(request, token)
+            if status is not None:
+                self._finish(request, status)
+                break
+        return EngineCoreOutput(
+            request.request_id,
+            accepted,
+            finish_reason=request.status.finish_reason,
+            stop_reason=request.stop_reason,
+            new_logprobs=(
+                Logprobs(logprobs.token_ids, logprobs.logprobs, logprobs.sampled_ranks) if logprobs else None
+            ),
+            num_cached_tokens=max(request.num_cached_tokens, 0),
+        )
 
     def take_error_outputs(self) -> list[EngineCoreOutput]:
         outputs, self._error_outputs = self._error_outputs, []
         return outputs
 
-    def recover_failed_step(self, so: SchedulerOutput, message: str) -> None:
-        """Undo a step whose model run raised, after `schedule` returned `so`.
-
-        Nothing the step computed is trusted: blocks it filled lose their prefix-cache hashes and
-        images it encoded leave the encoder cache; what it should have told the runner
-        (finished requests, freed images) is told again with the next step. A request alone in
-        the step caused the failure and fails with `message`; several are all preempted and
-        isolated, then each runs alone up to where this step reached, where the culprit fails
-        by itself.
-        """
-        self.finished_req_ids |= so.finished_req_ids
-        self.encoder_cache.freed.extend(so.free_encoder_mm_hashes)
-        encoded = {
-            self.requests[rid].mm_features[index].mm_hash
-            for rid, indices in so.scheduled_encoder_inputs.items()
-            if rid in self.requests
-            for index in indices
-        }
-        step = [self.requests[rid] for rid in so.num_scheduled_tokens if rid in self.requests]
-        for request in step:
-            before = request.num_computed_tokens - so.num_scheduled_tokens[request.request_id]
-            self.kv.uncache_from(request, before // self.block_size)
-        if len(step) == 1:
-            self._fail(step[0], message)
-        else:
-            for request in step:  # isolated oldest first
-                self.isolated.setdefault(request.request_id, request.num_computed_tokens)
-            for request in reversed(step):  # pushed to the front: keep their order
-                self._preempt(request)
-        for mm_hash in encoded:
-            self.encoder_cache.discard(mm_hash)
+    def recover_failed_step(self, scheduler_output: SchedulerOutput, message: str) -> None:
+        """Undo a step whose model run raised, after `schedule` returned `scheduler_output`; the
+        contract is in step_recovery.py."""
+        self.step_recovery.recover(scheduler_output, message)
 
     def _check_stop(self, request: Request, token: int) -> RequestStatus | None:
         params = request.sampling_params
@@ -398,20 +350,21 @@ class Scheduler:
         inside = {f.mm_hash for f in request.mm_features if f.offset < num_computed < f.offset + f.length}
         for f in request.mm_features:
             if f.offset < num_computed and f.mm_hash not in inside:
-                self.encoder_cache.release(f.mm_hash, request.request_id)
+                self.encoder_cache_manager.release(f.mm_hash, request.request_id)
 
-    def _fail(self, request: Request, message: str) -> None:
+    def fail(self, request: Request, message: str) -> None:
+        """Finish a request with an error, reported with the next outputs."""
         self._finish(request, RequestStatus.FINISHED_ERROR)
         self._error_outputs.append(
             EngineCoreOutput(request.request_id, [], finish_reason="error", error=message)
         )
 
     def _fail_out_of_blocks(self, request: Request) -> None:
-        self._fail(request, f"the KV cache ({self.kv.pool.num_blocks} blocks) cannot hold this request")
+        self.fail(request, f"the KV cache ({self.kv.pool.num_blocks} blocks) cannot hold this request")
 
     def _finish(self, request: Request, status: RequestStatus) -> None:
         request.status = status
-        self.isolated.pop(request.request_id, None)
+        self.step_recovery.forget(request.request_id)
         if request in self.running:
             self.running.remove(request)
         else:
@@ -421,10 +374,10 @@ class Scheduler:
 
     def _release_resources(self, request: Request) -> None:
         self.kv.free(request)
-        self.encoder_cache.release_all(request.request_id, [f.mm_hash for f in request.mm_features])
+        self.encoder_cache_manager.release_all(request.request_id, [f.mm_hash for f in request.mm_features])
         if request.request_id in self._runner_has:
             self._runner_has.discard(request.request_id)
-            self.finished_req_ids.add(request.request_id)
+            self.dropped_req_ids.add(request.request_id)
 
     def stats(self) -> SchedulerStats:
         return SchedulerStats(
@@ -435,7 +388,7 @@ class Scheduler:
             prefix_cache_queries=self.kv.prefix_stats.queries,
             prefix_cache_hits=self.kv.prefix_stats.hits,
             encoder_runs=self.num_encoder_runs,
-            encoder_cache_hits=self.encoder_cache.num_hits,
-            encoder_cache_references=self.encoder_cache.num_references(),
+            encoder_cache_hits=self.encoder_cache_manager.num_hits,
+            encoder_cache_references=self.encoder_cache_manager.num_references(),
             num_preemptions=self.num_preemptions,
         )

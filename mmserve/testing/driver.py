@@ -129,6 +129,6 @@ def _features(prompt: PromptInputs) -> list[MultiModalFeature]:
 def _finish_output(reqs: list[_Req]) -> SchedulerOutput:
     """Tell the runner every request finished and every image may leave its encoder cache."""
     out = SchedulerOutput.empty()
-    out.finished_req_ids = {r.req_id for r in reqs}
+    out.dropped_req_ids = {r.req_id for r in reqs}
     out.free_encoder_mm_hashes = [f.mm_hash for r in reqs for f in r.features]
     return out

@@ -77,7 +77,7 @@ class ModelRunner:
         return output
 
     def _update_states(self, so: SchedulerOutput) -> None:
-        for req_id in so.finished_req_ids:
+        for req_id in so.dropped_req_ids:
             if req_id in self.batch.row_of:
                 self.batch.remove(req_id)
         self.encoder_cache.free(so.free_encoder_mm_hashes)

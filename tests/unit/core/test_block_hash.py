@@ -3,8 +3,7 @@ the start of the prompt through the end of the block."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
+from core_helpers import IMAGE_TOKEN, Image, build_prompt
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -14,25 +13,6 @@ from mmserve.protocol import MultiModalFeature
 from mmserve.sampling_params import SamplingParams
 
 BLOCK_SIZE = 4
-IMAGE_TOKEN = 100
-
-
-@dataclass(frozen=True)
-class Image:
-    mm_hash: str
-    length: int
-
-
-def build_prompt(*parts: list[int] | Image) -> tuple[list[int], list[MultiModalFeature]]:
-    tokens: list[int] = []
-    features: list[MultiModalFeature] = []
-    for part in parts:
-        if isinstance(part, Image):
-            features.append(MultiModalFeature(part.mm_hash, len(tokens), part.length, (1, 1, part.length)))
-            tokens += [IMAGE_TOKEN] * part.length
-        else:
-            tokens += list(part)
-    return tokens, features
 
 
 def block_hashes(*parts: list[int] | Image, block_size: int = BLOCK_SIZE) -> list[bytes]:

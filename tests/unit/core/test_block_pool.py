@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from core_helpers import assert_pool_consistent
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
@@ -16,30 +17,6 @@ def h(i: int) -> bytes:
 
 def free_ids(pool: BlockPool) -> list[int]:
     return [b.block_id for b in pool.free_queue]
-
-
-def assert_pool_consistent(pool: BlockPool) -> None:
-    """The free list walks the same both ways, holds exactly the ref-0 blocks once each, and the
-    hash map and the blocks' own hashes agree."""
-    queue = pool.free_queue
-    forward = list(queue)
-    backward, block = [], queue._tail.prev_free
-    while block is not queue._head:
-        backward.append(block)
-        block = block.prev_free
-    assert backward[::-1] == forward
-    assert len(forward) == queue.num_free == pool.num_free_blocks
-    assert len({b.block_id for b in forward}) == len(forward)
-    in_free = {b.block_id for b in forward}
-    for b in pool.blocks:
-        assert b.ref_cnt >= 0
-        assert (b.ref_cnt == 0) == (b.block_id in in_free), b
-        if b.ref_cnt > 0:
-            assert b.prev_free is None and b.next_free is None
-        if b.block_hash is not None:
-            assert pool.cached[b.block_hash] is b
-    for block_hash, b in pool.cached.items():
-        assert b.block_hash == block_hash
 
 
 # ---------------------------------------------------------------------------- the free list

@@ -176,3 +176,55 @@ class EncoderCacheMachine(RuleBasedStateMachine):
 
 TestEncoderCacheMachine = EncoderCacheMachine.TestCase
 TestEncoderCacheMachine.settings = settings(max_examples=100, stateful_step_count=40, deadline=None)
+
+
+class EncoderCacheCountersMachine(RuleBasedStateMachine):
+    """The O(1) answers (`num_references`, and `can_allocate` through the evictable-room counter)
+    against a brute-force recount over every entry, through any sequence of operations, including
+    the failed-step `discard` of referenced and unreferenced entries."""
+
+    CAPACITY = 12
+    REQUESTS = ("r1", "r2", "r3")
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.cache = EncoderCacheManager(self.CAPACITY)
+
+    @rule(mm_hash=st.sampled_from(sorted(SIZES)), request_id=st.sampled_from(REQUESTS))
+    def need(self, mm_hash, request_id):
+        if self.cache.is_cached(mm_hash):
+            self.cache.add_reference(mm_hash, request_id)
+        elif self.cache.can_allocate(SIZES[mm_hash]):
+            self.cache.allocate(mm_hash, SIZES[mm_hash], request_id)
+
+    @rule(mm_hash=st.sampled_from(sorted(SIZES)), request_id=st.sampled_from(REQUESTS))
+    def release(self, mm_hash, request_id):
+        self.cache.release(mm_hash, request_id)
+
+    @rule(request_id=st.sampled_from(REQUESTS))
+    def release_all(self, request_id):
+        self.cache.release_all(request_id, sorted(SIZES))
+
+    @rule(mm_hash=st.sampled_from(sorted(SIZES)))
+    def discard(self, mm_hash):
+        self.cache.discard(mm_hash)
+
+    @invariant()
+    def counters_match_a_recount(self):
+        cache = self.cache
+        assert cache.num_references() == sum(len(refs) for refs in cache.refs.values())
+        evictable = sum(cache.sizes[h] for h in cache.unreferenced)
+        assert cache.num_evictable_slots == evictable
+        assert cache.num_free_slots + sum(cache.sizes.values()) == self.CAPACITY
+
+    @invariant()
+    def can_allocate_matches_a_recount(self):
+        cache = self.cache
+        for keep in ((), ("img-a",), ("img-b", "img-c"), tuple(cache.sizes)):
+            room = cache.num_free_slots + sum(cache.sizes[h] for h in cache.unreferenced if h not in keep)
+            for num_embeddings in (0, room, room + 1):
+                assert cache.can_allocate(num_embeddings, keep=keep) == (num_embeddings <= room)
+
+
+TestEncoderCacheCountersMachine = EncoderCacheCountersMachine.TestCase
+TestEncoderCacheCountersMachine.settings = settings(max_examples=100, stateful_step_count=40, deadline=None)

@@ -25,14 +25,14 @@ class FlakyExecutor:
         self.scheduler = scheduler
         self.steps: list[list[str]] = []
 
-    def execute_model(self, so: SchedulerOutput) -> ModelRunnerOutput:
-        self.steps.append(list(so.num_scheduled_tokens))
-        if any(r.startswith("poison") for r in so.num_scheduled_tokens):
+    def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
+        self.steps.append(list(scheduler_output.num_scheduled_tokens))
+        if any(r.startswith("poison") for r in scheduler_output.num_scheduled_tokens):
             raise RuntimeError("boom")
-        ids = list(so.num_scheduled_tokens)
+        ids = list(scheduler_output.num_scheduled_tokens)
         tokens = []
-        for rid in ids:
-            request = self.scheduler.requests[rid]
+        for request_id in ids:
+            request = self.scheduler.requests[request_id]
             tokens.append([7] if request.num_computed_tokens >= request.num_tokens else [])
         return ModelRunnerOutput(ids, tokens)
 
@@ -48,9 +48,9 @@ def make_engine(max_num_batched_tokens: int = 64) -> EngineCore:
     return EngineCore(scheduler, FlakyExecutor(scheduler))
 
 
-def request(rid: str, features=(), num_tokens: int = 10, max_tokens: int = 3) -> EngineRequest:
+def request(request_id: str, features=(), num_tokens: int = 10, max_tokens: int = 3) -> EngineRequest:
     return EngineRequest(
-        request_id=rid,
+        request_id=request_id,
         prompt_token_ids=list(range(1, num_tokens + 1)),
         mm_features=list(features),
         sampling_params=SamplingParams(temperature=0, max_tokens=max_tokens),
@@ -81,12 +81,12 @@ def test_a_failing_step_fails_only_its_culprit_and_its_batch_mates_finish_normal
     steps = engine.executor.steps
     assert steps[0] == ["victim-1", "poison-1", "victim-2"]
     assert steps[1:4] == [["victim-1"], ["poison-1"], ["victim-2"]]  # each alone, in order
-    assert engine.scheduler.isolated == {}
+    assert engine.scheduler.step_recovery.isolated == {}
     engine.add_request(request("later"))
     results = run(engine)
     assert results["later"] == ([7, 7, 7], "length", None)
     assert engine.scheduler.kv.num_used_blocks == 0
-    assert engine.scheduler.encoder_cache.num_references() == 0
+    assert engine.scheduler.encoder_cache_manager.num_references() == 0
 
 
 def test_a_request_that_fails_in_a_later_chunk_is_found_and_the_others_are_served_meanwhile():
@@ -116,7 +116,7 @@ def test_images_encoded_in_a_failed_step_leave_the_encoder_cache():
     pixels = np.zeros((16, 12), dtype=np.float32)
     engine.add_request(request("poison-image", [MultiModalFeature("img", 2, 4, (1, 4, 4), pixels)]))
     run(engine)
-    cache = engine.scheduler.encoder_cache
+    cache = engine.scheduler.encoder_cache_manager
     assert not cache.is_cached("img")
     assert cache.num_free_slots == cache.cache_size
     engine.add_request(request("same-image", [MultiModalFeature("img", 2, 4, (1, 4, 4), pixels)]))

@@ -4,18 +4,17 @@ block holds."""
 from __future__ import annotations
 
 import xxhash
+from core_helpers import IMAGE_TOKEN, assert_pool_consistent
 from hypothesis import event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from mmserve.core.block_pool import BlockPool
 from mmserve.core.kv_cache_manager import KVCacheManager
 from mmserve.core.request import Request
 from mmserve.protocol import MultiModalFeature
 from mmserve.sampling_params import SamplingParams
 
 BLOCK_SIZE = 4
-IMAGE_TOKEN = 100
 
 
 def make_request(request_id: str, tokens: list[int], features=(), block_size: int = BLOCK_SIZE) -> Request:
@@ -35,24 +34,6 @@ def snapshot(kv: KVCacheManager):
         {rid: [b.block_id for b in blocks] for rid, blocks in kv.req_to_blocks.items()},
         dict(kv.num_cached_blocks),
     )
-
-
-def assert_pool_consistent(pool: BlockPool) -> None:
-    queue = pool.free_queue
-    forward = list(queue)
-    backward, block = [], queue._tail.prev_free
-    while block is not queue._head:
-        backward.append(block)
-        block = block.prev_free
-    assert backward[::-1] == forward
-    assert len(forward) == queue.num_free == len({b.block_id for b in forward})
-    in_free = {b.block_id for b in forward}
-    for b in pool.blocks:
-        assert (b.ref_cnt == 0) == (b.block_id in in_free), b
-        if b.block_hash is not None:
-            assert pool.cached[b.block_hash] is b
-    for block_hash, b in pool.cached.items():
-        assert b.block_hash == block_hash
 
 
 def compute(kv: KVCacheManager, request: Request, num_tokens: int, hits=None) -> list[int] | None:
