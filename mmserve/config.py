@@ -216,6 +216,7 @@ class SchedulerConfig:
     encoder_compute_budget: int = 0  # embeddings encoded per step; 0 = derive (see EngineConfig)
     encoder_cache_size: int = 0  # embeddings kept in the encoder cache; 0 = derive
     max_waiting_requests: int = 0  # 0 = unbounded
+    scheduling_policy: str = "fcfs"
 
     def __post_init__(self) -> None:
         if self.max_num_seqs < 1:
