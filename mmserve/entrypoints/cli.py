@@ -1,9 +1,16 @@
-"""`mmserve serve [MODEL_DIR] [flags]` (vLLM's flag names where they exist) and `mmserve bench`."""
+"""`mmserve serve [MODEL_DIR] [flags]` (vLLM's flag names where they exist) and `mmserve bench`.
+
+Every engine flag is the `EngineArgs` field of the same name (`--max-num-seqs` is
+`max_num_seqs`) and every server flag a `ServerConfig` field; the flags' defaults are read from
+those classes, so `--help` states what `LLM(...)` does. The benchmark package is imported only
+when a `bench` command runs.
+"""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import logging
 import re
@@ -11,6 +18,7 @@ import sys
 from pathlib import Path
 
 from mmserve import envs
+from mmserve.config import SCHEDULING_POLICIES, EngineArgs, EngineConfig, ServerConfig, field_default
 
 DEMO_MODEL = Path(__file__).resolve().parents[2] / "assets" / "demo-model"
 _UNITS = {"": 1, "b": 1, "k": 1e3, "kb": 1e3, "kib": 1024, "m": 1e6, "mb": 1e6, "mib": 1 << 20}
@@ -25,6 +33,14 @@ def parse_bytes(text: str) -> int:
     return int(float(match.group(1)) * _UNITS[match.group(2).lower()])
 
 
+def format_bytes(num_bytes: int) -> str:
+    """2147483648 → '2GiB' (whole binary units only; otherwise the number of bytes)."""
+    for unit, size in (("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if num_bytes and num_bytes % size == 0:
+            return f"{num_bytes // size}{unit}"
+    return str(num_bytes)
+
+
 def parse_limit_mm(text: str) -> dict[str, int]:
     try:
         value = json.loads(text)
@@ -37,101 +53,155 @@ def parse_limit_mm(text: str) -> dict[str, int]:
     return value
 
 
-def add_serve_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
+def _engine_flag(group: argparse._ArgumentGroup, name: str, help_text: str, **options) -> None:
+    """--name-with-dashes for the EngineArgs field `name`, with that field's default."""
+    flag = "--" + name.replace("_", "-")
+    group.add_argument(flag, default=field_default(EngineArgs, name), help=help_text, **options)
+
+
+def _server_flag(group: argparse._ArgumentGroup, flag: str, name: str, help_text: str, **options) -> None:
+    """`flag` for the ServerConfig field `name`, with that field's default."""
+    group.add_argument(flag, default=field_default(ServerConfig, name), help=help_text, **options)
+
+
+def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
         "model", nargs="?", default=None, help="Hugging Face model folder (default: the bundled demo model)."
     )
-    p.add_argument("--host", default="127.0.0.1", help="Address to listen on (default 127.0.0.1).")
-    p.add_argument("--port", type=int, default=8000, help="Port to listen on (default 8000).")
-    p.add_argument(
+    _add_server_arguments(parser.add_argument_group("server"))
+    _add_scheduler_arguments(parser.add_argument_group("model and scheduling"))
+    _add_cache_arguments(parser.add_argument_group("KV cache"))
+    _add_multimodal_arguments(parser.add_argument_group("images"))
+
+
+def _add_server_arguments(group: argparse._ArgumentGroup) -> None:
+    _server_flag(group, "--host", "host", "Address to listen on (default %(default)s).")
+    _server_flag(group, "--port", "port", "Port to listen on (default %(default)s).", type=int)
+    group.add_argument(
         "--served-model-name", default=None, help="Model id in the API (default: the folder's name)."
     )
-    p.add_argument("--dtype", default="auto", help="auto (the checkpoint's), float32, bfloat16 or float16.")
-    p.add_argument("--max-model-len", type=int, default=None, help="Context length (default: the model's).")
-    p.add_argument("--max-num-seqs", type=int, default=128, help="Most requests running at once.")
-    p.add_argument(
-        "--max-num-batched-tokens", type=int, default=2048, help="Token budget of one engine step."
-    )
-    p.add_argument("--block-size", type=int, default=16, help="Tokens per KV cache block.")
-    p.add_argument(
-        "--kv-cache-memory", type=parse_bytes, default=parse_bytes("2GiB"), help="KV cache size, e.g. 2GiB."
-    )
-    p.add_argument(
-        "--enable-prefix-caching",
-        action=argparse.BooleanOptionalAction,
-        default=True,
-        help="Reuse KV blocks of earlier requests with the same prefix (images included). On by default.",
-    )
-    p.add_argument(
-        "--limit-mm-per-prompt",
-        type=parse_limit_mm,
-        default={"image": 8},
-        help="""JSON, e.g. '{"image": 4}'.""",
-    )
-    p.add_argument(
-        "--mm-processor-cache-gb", type=float, default=1.0, help="Size of the preprocessed-image cache."
-    )
-    p.add_argument(
-        "--preprocess-workers",
-        type=int,
-        default=None,
-        help="Image preprocessing processes (default min(4, cores); 0 = inline).",
-    )
-    p.add_argument(
-        "--allowed-local-media-path",
-        default=None,
-        help="Directory whose files may be sent as file:// images.",
-    )
-    p.add_argument(
-        "--allowed-media-domains",
-        nargs="*",
-        default=[],
-        help="Hosts from which http(s) images may be fetched.",
-    )
-    p.add_argument(
+    _server_flag(
+        group,
         "--api-key",
-        default=None,
-        help="Require 'Authorization: Bearer KEY' on /v1 routes (or set MMSERVE_API_KEY).",
+        "api_key",
+        "Require 'Authorization: Bearer KEY' on /v1 routes (or set MMSERVE_API_KEY).",
     )
-    p.add_argument("--seed", type=int, default=0, help="Seed of the engine's random state.")
-    p.add_argument("--log-level", default=envs.log_level(), help="debug, info, warning or error.")
-    p.add_argument(
+    _server_flag(
+        group,
+        "--allowed-local-media-path",
+        "allowed_local_media_path",
+        "Directory whose files may be sent as file:// images.",
+    )
+    _server_flag(
+        group,
+        "--allowed-media-domains",
+        "allowed_media_domains",
+        "Hosts from which http(s) images may be fetched.",
+        nargs="*",
+    )
+    max_body = format_bytes(field_default(ServerConfig, "max_body_bytes"))
+    _server_flag(
+        group,
         "--max-request-body",
+        "max_body_bytes",
+        f"Largest request body accepted; larger ones get 413 (default {max_body}).",
         type=parse_bytes,
-        default=parse_bytes("64MiB"),
-        help="Largest request body accepted; larger ones get 413 (default 64MiB).",
     )
-    p.add_argument(
-        "--max-waiting-requests",
+    group.add_argument("--log-level", default=envs.log_level(), help="debug, info, warning or error.")
+
+
+def _add_scheduler_arguments(group: argparse._ArgumentGroup) -> None:
+    _engine_flag(group, "dtype", "auto (the checkpoint's), float32, bfloat16 or float16.")
+    _engine_flag(group, "max_model_len", "Context length (default: the model's).", type=int)
+    _engine_flag(group, "max_num_seqs", "Most requests running at once (default %(default)s).", type=int)
+    _engine_flag(
+        group, "max_num_batched_tokens", "Token budget of one engine step (default %(default)s).", type=int
+    )
+    _engine_flag(
+        group,
+        "long_prefill_token_threshold",
+        "Most prompt tokens one request may take in a step; 0 = no cap.",
         type=int,
-        default=0,
-        help="Refuse new requests (503) beyond this many waiting; 0 = no cap.",
+    )
+    _engine_flag(
+        group,
+        "max_waiting_requests",
+        "Refuse new requests (503) beyond this many waiting; 0 = no cap.",
+        type=int,
+    )
+    _engine_flag(
+        group,
+        "scheduling_policy",
+        "fcfs: first come, first served (requests may not set a priority); priority: lowest "
+        "'priority' field first, then arrival (default %(default)s).",
+        choices=SCHEDULING_POLICIES,
+    )
+    _engine_flag(
+        group,
+        "encoder_compute_budget",
+        "Image embeddings encoded per step; 0 = the largest image's.",
+        type=int,
+    )
+    _engine_flag(
+        group,
+        "encoder_cache_size",
+        "Image embeddings kept in the encoder cache; 0 = derived from the budgets.",
+        type=int,
+    )
+    _engine_flag(group, "seed", "Seed of the engine's random state (default %(default)s).", type=int)
+    _engine_flag(group, "device", "cpu or cuda (default: cuda when there is one).")
+
+
+def _add_cache_arguments(group: argparse._ArgumentGroup) -> None:
+    _engine_flag(group, "block_size", "Tokens per KV cache block (default %(default)s).", type=int)
+    kv_cache_memory = format_bytes(field_default(EngineArgs, "kv_cache_memory"))
+    _engine_flag(
+        group, "kv_cache_memory", f"KV cache size, e.g. 2GiB (default {kv_cache_memory}).", type=parse_bytes
+    )
+    _engine_flag(group, "num_kv_blocks", "KV cache size in blocks; overrides --kv-cache-memory.", type=int)
+    _engine_flag(
+        group,
+        "enable_prefix_caching",
+        "Reuse KV blocks of earlier requests with the same prefix (images included). On by default.",
+        action=argparse.BooleanOptionalAction,
     )
 
 
-def engine_config_from_args(args: argparse.Namespace):
-    from mmserve.config import CacheConfig, EngineConfig, ModelConfig, MultiModalConfig, SchedulerConfig
+def _add_multimodal_arguments(group: argparse._ArgumentGroup) -> None:
+    limit = json.dumps(field_default(EngineArgs, "limit_mm_per_prompt"))
+    _engine_flag(
+        group,
+        "limit_mm_per_prompt",
+        f"""JSON, e.g. '{{"image": 4}}' (default '{limit}').""",
+        type=parse_limit_mm,
+    )
+    _engine_flag(
+        group,
+        "mm_processor_cache_gb",
+        "Size of the preprocessed-image cache (default %(default)s).",
+        type=float,
+    )
+    _engine_flag(
+        group,
+        "preprocess_workers",
+        "Image preprocessing processes (default min(4, cores); 0 = inline).",
+        type=int,
+    )
 
-    model = ModelConfig.from_pretrained(args.model, args.dtype, args.max_model_len)
-    return EngineConfig(
-        model=model,
-        cache=CacheConfig(
-            block_size=args.block_size,
-            kv_cache_memory_bytes=args.kv_cache_memory,
-            enable_prefix_caching=args.enable_prefix_caching,
-        ),
-        scheduler=SchedulerConfig(
-            max_num_seqs=args.max_num_seqs,
-            max_num_batched_tokens=args.max_num_batched_tokens,
-            max_model_len=model.max_model_len,
-            max_waiting_requests=args.max_waiting_requests,
-        ),
-        multimodal=MultiModalConfig(
-            limit_per_prompt=args.limit_mm_per_prompt,
-            processor_cache_bytes=int(args.mm_processor_cache_gb * (1 << 30)),
-            preprocess_workers=args.preprocess_workers,
-        ),
-        seed=args.seed,
+
+def engine_args_from_cli(args: argparse.Namespace) -> EngineArgs:
+    return EngineArgs(**{spec.name: getattr(args, spec.name) for spec in dataclasses.fields(EngineArgs)})
+
+
+def server_config_from_cli(args: argparse.Namespace) -> ServerConfig:
+    return ServerConfig(
+        served_model_name=args.served_model_name or Path(args.model).name,
+        host=args.host,
+        port=args.port,
+        api_key=args.api_key or envs.api_key(),
+        allowed_local_media_path=args.allowed_local_media_path,
+        allowed_media_domains=tuple(args.allowed_media_domains),
+        max_body_bytes=args.max_request_body,
     )
 
 
@@ -146,10 +216,6 @@ def raise_open_file_limit() -> None:
 
 
 def serve(args: argparse.Namespace) -> int:
-    import uvicorn
-
-    from mmserve.entrypoints.openai.api_server import ServerSettings, build_app
-
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
@@ -160,10 +226,20 @@ def serve(args: argparse.Namespace) -> int:
             return 2
         args.model = str(DEMO_MODEL)
     try:
-        config = engine_config_from_args(args)
+        engine_config = engine_args_from_cli(args).create_engine_config()
     except (ValueError, FileNotFoundError) as e:
         print(f"mmserve: {e}", file=sys.stderr)
         return 2
+    return run_server(engine_config, server_config_from_cli(args), args.log_level)
+
+
+def run_server(engine_config: EngineConfig, server_config: ServerConfig, log_level: str) -> int:
+    """Serve until stopped: 0 after a clean stop, 1 if the server never started or EngineCore died
+    (so a supervisor restarts it)."""
+    import uvicorn
+
+    from mmserve.entrypoints.openai.api_server import build_app
+
     engine_died = False
     server: uvicorn.Server | None = None
 
@@ -173,19 +249,14 @@ def serve(args: argparse.Namespace) -> int:
         if server is not None:
             server.should_exit = True
 
-    settings = ServerSettings(
-        engine=config,
-        served_model_name=args.served_model_name or Path(args.model).name,
-        api_key=args.api_key or envs.api_key(),
-        allowed_local_media_path=args.allowed_local_media_path,
-        allowed_media_domains=args.allowed_media_domains,
-        max_body_bytes=args.max_request_body,
-        on_engine_dead=on_engine_dead,
-    )
-    app = build_app(settings)
+    app = build_app(engine_config, server_config, on_engine_dead)
     server = uvicorn.Server(
         uvicorn.Config(
-            app, host=args.host, port=args.port, log_level=args.log_level.lower(), timeout_graceful_shutdown=1
+            app,
+            host=server_config.host,
+            port=server_config.port,
+            log_level=log_level.lower(),
+            timeout_graceful_shutdown=1,
         )
     )
     asyncio.run(server.serve())
@@ -195,26 +266,33 @@ def serve(args: argparse.Namespace) -> int:
     return 0 if server.started else 1
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser(argv: list[str]) -> argparse.ArgumentParser:
+    """The `bench` command's flags are added only when `argv` runs it: they come from the
+    benchmark package, which `serve` never needs to import."""
     parser = argparse.ArgumentParser(prog="mmserve", description="Serve vision-language models.")
     commands = parser.add_subparsers(dest="command", required=True)
-    serve_parser = commands.add_parser("serve", help="Start the OpenAI-compatible server.")
-    add_serve_arguments(serve_parser)
+    add_serve_arguments(commands.add_parser("serve", help="Start the OpenAI-compatible server."))
     bench_parser = commands.add_parser("bench", help="Benchmarks against a running server.")
-    bench_commands = bench_parser.add_subparsers(dest="bench_command", required=True)
-    bench_serve = bench_commands.add_parser(
-        "serve", help="VisionArena-style load against an OpenAI-compatible server."
-    )
-    from mmserve.bench.serve import add_bench_serve_arguments, run_bench_serve
+    if argv[:1] == ["bench"]:
+        from mmserve.bench.serve import add_bench_serve_arguments
 
-    add_bench_serve_arguments(bench_serve)
-    args = parser.parse_args(argv)
+        bench_commands = bench_parser.add_subparsers(dest="bench_command", required=True)
+        add_bench_serve_arguments(
+            bench_commands.add_parser(
+                "serve", help="VisionArena-style load against an OpenAI-compatible server."
+            )
+        )
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    args = build_parser(argv).parse_args(argv)
     if args.command == "serve":
         return serve(args)
-    if args.command == "bench":
-        return run_bench_serve(args)
-    parser.error(f"unknown command {args.command}")
-    return 2
+    from mmserve.bench.serve import run_bench_serve
+
+    return run_bench_serve(args)
 
 
 if __name__ == "__main__":

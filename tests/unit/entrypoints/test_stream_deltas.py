@@ -29,7 +29,7 @@ class GrowingGeneration:
     def __init__(self) -> None:
         self.params = SamplingParams(max_tokens=len(PIECES))
         self.id_base, self.created = "test", 0
-        self.ctx = SimpleNamespace(served_model_name="m")
+        self.state = SimpleNamespace(served_model_name="m")
         self.completion = CompletionOutput(index=0, text="", token_ids=[])
         self.output = RequestOutput("r", None, [1, 2, 3], [self.completion], finished=False)
         self.remaining = list(PIECES)
