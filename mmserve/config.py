@@ -142,7 +142,7 @@ class ModelConfig:
         )
 
 
-def _vision_config(family: str, raw: dict, lm_hidden: int) -> VisionConfig:
+def _vision_config(family: str, raw: dict, text_hidden_size: int) -> VisionConfig:
     common = dict(
         family=family,
         depth=int(raw["depth"]),
@@ -157,14 +157,14 @@ def _vision_config(family: str, raw: dict, lm_hidden: int) -> VisionConfig:
         return VisionConfig(
             dim=dim,
             mlp_dim=int(dim * raw.get("mlp_ratio", 4)),
-            out_dim=int(raw.get("hidden_size", lm_hidden)),
+            out_dim=int(raw.get("hidden_size", text_hidden_size)),
             hidden_act=raw.get("hidden_act", "quick_gelu"),
             **common,
         )
     return VisionConfig(
         dim=int(raw["hidden_size"]),
         mlp_dim=int(raw["intermediate_size"]),
-        out_dim=int(raw.get("out_hidden_size", lm_hidden)),
+        out_dim=int(raw.get("out_hidden_size", text_hidden_size)),
         hidden_act=raw.get("hidden_act", "silu"),
         window_size=int(raw.get("window_size", 112)),
         fullatt_block_indexes=tuple(raw.get("fullatt_block_indexes", (7, 15, 23, 31))),
@@ -185,8 +185,8 @@ def _max_image_tokens(path: Path, vision: dict) -> int:
 
 def _eos_ids(path: Path, text: dict) -> tuple[int, ...]:
     """EOS ids from generation_config.json (which may list several), else config.json."""
-    gen_file = path / "generation_config.json"
-    eos = json.loads(gen_file.read_text()).get("eos_token_id") if gen_file.is_file() else None
+    generation_file = path / "generation_config.json"
+    eos = json.loads(generation_file.read_text()).get("eos_token_id") if generation_file.is_file() else None
     if eos is None:
         eos = text.get("eos_token_id")
     if eos is None:

@@ -115,13 +115,13 @@ def sse(data: dict | str) -> str:
     return f"data: {data if isinstance(data, str) else json.dumps(data, ensure_ascii=False)}\n\n"
 
 
-def chunk_base(gen: Generation, prefix: str, kind: str) -> dict:
+def chunk_base(generation: Generation, prefix: str, kind: str) -> dict:
     """The fields every streamed chunk (or the response body) of a request carries."""
     return {
-        "id": f"{prefix}-{gen.id_base}",
+        "id": f"{prefix}-{generation.id_base}",
         "object": kind,
-        "created": gen.created,
-        "model": gen.state.served_model_name,
+        "created": generation.created,
+        "model": generation.state.served_model_name,
     }
 
 

@@ -73,14 +73,14 @@ async def chat_completions(raw: Request, state: State) -> Response:
 @router.post("/v1/completions", openapi_extra=json_body(CompletionRequest))
 async def completions(raw: Request, state: State) -> Response:
     request = await parse_body(raw, CompletionRequest)
-    gen = await build_completion(state, request)
-    return await _respond(raw, request, gen, completion_stream, completion_response)
+    generation = await build_completion(state, request)
+    return await _respond(raw, request, generation, completion_stream, completion_response)
 
 
 async def _respond(
     raw: Request,
     request: ChatCompletionRequest | CompletionRequest,
-    gen: Generation,
+    generation: Generation,
     stream_body: Callable[[Generation, bool], AsyncIterator[str]],
     response_body: Callable[[Generation], Awaitable[dict]],
 ) -> Response:
@@ -88,8 +88,8 @@ async def _respond(
     engine requests aborted, if the client leaves first)."""
     if request.stream:
         include_usage = bool(request.stream_options and request.stream_options.include_usage)
-        return StreamingResponse(stream_body(gen, include_usage), media_type="text/event-stream")
-    return JSONResponse(await until_disconnected(raw, response_body(gen)))
+        return StreamingResponse(stream_body(generation, include_usage), media_type="text/event-stream")
+    return JSONResponse(await until_disconnected(raw, response_body(generation)))
 
 
 @router.post("/tokenize", openapi_extra=json_body(TokenizeRequest))

@@ -74,7 +74,12 @@ def chat_logprobs(completion: CompletionOutput, top_k: int, start: int = 0) -> d
             (logprob for logprob in entry.values() if logprob.rank is not None and logprob.rank <= top_k),
             key=lambda logprob: logprob.rank,
         )
-        content.append({**_token_logprob(entry[token_id]), "top_logprobs": [_token_logprob(t) for t in top]})
+        content.append(
+            {
+                **_token_logprob(entry[token_id]),
+                "top_logprobs": [_token_logprob(alternative) for alternative in top],
+            }
+        )
     return {"content": content}
 
 
@@ -83,32 +88,38 @@ def _token_logprob(logprob: Logprob) -> dict:
     return {"token": token, "logprob": logprob.logprob, "bytes": list(token.encode())}
 
 
-async def chat_response(gen: Generation) -> dict:
-    [output] = await gen.final_outputs()
+async def chat_response(generation: Generation) -> dict:
+    [output] = await generation.final_outputs()
     choices = [
         {
             "index": completion.index,
             "message": {"role": "assistant", "content": completion.text},
-            "logprobs": chat_logprobs(completion, gen.params.logprobs or 0),
+            "logprobs": chat_logprobs(completion, generation.params.logprobs or 0),
             "finish_reason": completion.finish_reason,
             "stop_reason": completion.stop_reason,
         }
         for completion in output.outputs
     ]
-    return {**chunk_base(gen, "chatcmpl", "chat.completion"), "choices": choices, "usage": usage_of([output])}
+    return {
+        **chunk_base(generation, "chatcmpl", "chat.completion"),
+        "choices": choices,
+        "usage": usage_of([output]),
+    }
 
 
-async def chat_stream(gen: Generation, include_usage: bool) -> AsyncIterator[str]:
-    base = chunk_base(gen, "chatcmpl", "chat.completion.chunk")
-    sent = [_Sent() for _ in range(gen.params.n)]
+async def chat_stream(generation: Generation, include_usage: bool) -> AsyncIterator[str]:
+    base = chunk_base(generation, "chatcmpl", "chat.completion.chunk")
+    sent = [_Sent() for _ in range(generation.params.n)]
     last: RequestOutput | None = None
     try:
-        async for _, snapshot in gen.merged_stream():
+        async for _, snapshot in generation.merged_stream():
             last = snapshot
             if snapshot.error:
                 raise bad_request(snapshot.error)
             for completion in snapshot.outputs:
-                for choice in _chat_choices(completion, sent[completion.index], gen.params.logprobs or 0):
+                for choice in _chat_choices(
+                    completion, sent[completion.index], generation.params.logprobs or 0
+                ):
                     yield sse({**base, "choices": [choice]})
         if include_usage and last is not None:
             yield sse({**base, "choices": [], "usage": usage_of([last])})
@@ -175,11 +186,11 @@ def completion_logprobs(completion: CompletionOutput, start: int = 0) -> dict | 
     return {"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": top, "text_offset": []}
 
 
-async def completion_response(gen: Generation) -> dict:
-    outputs = await gen.final_outputs()
+async def completion_response(generation: Generation) -> dict:
+    outputs = await generation.final_outputs()
     choices = [
         {
-            "index": prompt_index * gen.params.n + completion.index,
+            "index": prompt_index * generation.params.n + completion.index,
             "text": completion.text,
             "logprobs": completion_logprobs(completion),
             "finish_reason": completion.finish_reason,
@@ -188,19 +199,23 @@ async def completion_response(gen: Generation) -> dict:
         for prompt_index, output in enumerate(outputs)
         for completion in output.outputs
     ]
-    return {**chunk_base(gen, "cmpl", "text_completion"), "choices": choices, "usage": usage_of(outputs)}
+    return {
+        **chunk_base(generation, "cmpl", "text_completion"),
+        "choices": choices,
+        "usage": usage_of(outputs),
+    }
 
 
-async def completion_stream(gen: Generation, include_usage: bool) -> AsyncIterator[str]:
-    base = chunk_base(gen, "cmpl", "text_completion")
+async def completion_stream(generation: Generation, include_usage: bool) -> AsyncIterator[str]:
+    base = chunk_base(generation, "cmpl", "text_completion")
     sent: dict[int, _Sent] = {}
     finals: dict[int, RequestOutput] = {}
     try:
-        async for prompt_index, snapshot in gen.merged_stream():
+        async for prompt_index, snapshot in generation.merged_stream():
             if snapshot.error:
                 raise bad_request(snapshot.error)
             for completion in snapshot.outputs:
-                index = prompt_index * gen.params.n + completion.index
+                index = prompt_index * generation.params.n + completion.index
                 choice = _completion_choice(completion, sent.setdefault(index, _Sent()), index)
                 if choice is not None:
                     yield sse({**base, "choices": [choice]})

@@ -10,12 +10,12 @@ import sys
 import pytest
 
 from mmserve.config import EngineArgs, ServerConfig
-from mmserve.entrypoints import cli
+from mmserve.entrypoints import cli, serve_args
 from mmserve.entrypoints.llm import LLM
 from mmserve.testing.checkpoints import checkpoint
 
 
-def serve_args(*flags: str):
+def parse_serve(*flags: str):
     return cli.build_parser(["serve"]).parse_args(["serve", *flags])
 
 
@@ -25,16 +25,18 @@ def model_path():
 
 
 def test_every_engine_arg_is_a_serve_flag_with_the_same_default():
-    assert cli.engine_args_from_cli(serve_args("some/model")) == EngineArgs(model="some/model")
+    assert serve_args.engine_args_from_cli(parse_serve("some/model")) == EngineArgs(model="some/model")
 
 
 def test_every_server_flag_defaults_to_the_server_config(monkeypatch):
     monkeypatch.delenv("MMSERVE_API_KEY", raising=False)
-    assert cli.server_config_from_cli(serve_args("some/model")) == ServerConfig(served_model_name="model")
+    assert serve_args.server_config_from_cli(parse_serve("some/model")) == ServerConfig(
+        served_model_name="model"
+    )
 
 
 def test_serve_flags_reach_their_config_slices(model_path):
-    args = serve_args(
+    args = parse_serve(
         str(model_path),
         "--scheduling-policy",
         "priority",
@@ -48,7 +50,7 @@ def test_serve_flags_reach_their_config_slices(model_path):
         "5",
         "--no-enable-prefix-caching",
     )
-    config = cli.engine_args_from_cli(args).create_engine_config()
+    config = serve_args.engine_args_from_cli(args).create_engine_config()
     assert config.scheduler.scheduling_policy == "priority"
     assert config.scheduler.max_waiting_requests == 5
     assert config.cache.num_blocks == 40
@@ -58,10 +60,10 @@ def test_serve_flags_reach_their_config_slices(model_path):
 
 
 def test_the_scheduling_policy_defaults_to_fcfs_and_takes_no_other_value(model_path, capsys):
-    config = cli.engine_args_from_cli(serve_args(str(model_path))).create_engine_config()
+    config = serve_args.engine_args_from_cli(parse_serve(str(model_path))).create_engine_config()
     assert config.scheduler.scheduling_policy == "fcfs"
     with pytest.raises(SystemExit):
-        serve_args(str(model_path), "--scheduling-policy", "lottery")
+        parse_serve(str(model_path), "--scheduling-policy", "lottery")
     assert "--scheduling-policy" in capsys.readouterr().err
 
 
@@ -76,13 +78,25 @@ def test_llm_builds_the_config_serve_builds_but_for_inline_preprocessing(model_p
     """Offline, images are preprocessed in the caller's process; every other default is shared."""
     with LLM(model_path) as llm:
         offline = llm.config
-    served = cli.engine_args_from_cli(serve_args(str(model_path))).create_engine_config()
+    served = serve_args.engine_args_from_cli(parse_serve(str(model_path))).create_engine_config()
     assert offline.multimodal.preprocess_workers == 0
     assert served.multimodal.preprocess_workers is None
     assert offline.scheduler == served.scheduler
     assert offline.cache == served.cache
     assert offline.multimodal.limit_per_prompt == served.multimodal.limit_per_prompt == {"image": 8}
     assert (offline.seed, offline.device, offline.model) == (served.seed, served.device, served.model)
+
+
+def test_importing_the_cli_loads_neither_torch_nor_the_benchmark_package():
+    """Spawned children (EngineCore, preprocess workers) import the main module again: a
+    preprocess worker that loaded torch there would start and exit seconds slower."""
+    script = (
+        "import sys\n"
+        "import mmserve.entrypoints.cli\n"
+        "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith('mmserve.bench')))\n"
+    )
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
+    assert result.stdout.strip() == "[]"
 
 
 def test_serve_does_not_import_the_benchmark_package():
@@ -112,5 +126,5 @@ def test_bench_serve_help_lists_the_benchmark_flags():
 
 @pytest.mark.parametrize("text,expected", [("2GiB", 2 << 30), ("64MiB", 64 << 20), ("1000", 1000)])
 def test_sizes_in_help_read_back_as_the_same_bytes(text, expected):
-    assert cli.parse_bytes(text) == expected
-    assert cli.parse_bytes(cli.format_bytes(expected)) == expected
+    assert serve_args.parse_bytes(text) == expected
+    assert serve_args.parse_bytes(serve_args.format_bytes(expected)) == expected
