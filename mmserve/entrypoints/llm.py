@@ -19,7 +19,7 @@ from mmserve.frontend.input_processor import ProcessedPrompt
 from mmserve.frontend.media import MediaLoader
 from mmserve.frontend.tokenizer import Tokenizer
 from mmserve.outputs import RequestOutput
-from mmserve.protocol import EngineRequest, SchedulerStats
+from mmserve.protocol import SchedulerStats
 from mmserve.sampling_params import SamplingParams
 
 
@@ -136,13 +136,5 @@ class LLM:
         for engine_id, child in self._outputs.add_request(
             request_id, prompt.prompt, prompt.token_ids, params
         ):
-            self._client.add_request(
-                EngineRequest(
-                    request_id=engine_id,
-                    prompt_token_ids=prompt.token_ids,
-                    mm_features=prompt.features,
-                    sampling_params=child,
-                    arrival_time=time.monotonic(),
-                )
-            )
+            self._client.add_request(prompt.engine_request(engine_id, child, time.monotonic()))
         return request_id

@@ -19,7 +19,7 @@ from mmserve.frontend.core_client import EngineDeadError, MPCoreClient
 from mmserve.frontend.input_processor import ProcessedPrompt
 from mmserve.frontend.output_processor import OutputProcessor
 from mmserve.outputs import RequestOutput
-from mmserve.protocol import EngineRequest, SchedulerStats
+from mmserve.protocol import SchedulerStats
 from mmserve.sampling_params import SamplingParams
 
 logger = logging.getLogger("mmserve.frontend")
@@ -103,16 +103,7 @@ class AsyncLLM:
         try:
             now = time.monotonic()
             for engine_id, child_params in children:
-                await self.client.add_request(
-                    EngineRequest(
-                        request_id=engine_id,
-                        prompt_token_ids=prompt.token_ids,
-                        mm_features=prompt.features,
-                        sampling_params=child_params,
-                        arrival_time=now,
-                        priority=priority,
-                    )
-                )
+                await self.client.add_request(prompt.engine_request(engine_id, child_params, now, priority))
             while not finished:
                 item = await queue.get()
                 if isinstance(item, BaseException):
