@@ -1,14 +1,19 @@
 """Frozen configuration slices. Each component is handed only the slice it needs.
 
-`ModelConfig` is read from a Hugging Face model folder; the others come from the CLI or the
-offline `LLM(...)` keyword arguments. Derived values are properties, never written back.
+`ModelConfig` is read from a Hugging Face model folder; the others are built by
+`EngineArgs.create_engine_config` from what a user sets (the offline `LLM(...)` keyword
+arguments or the `mmserve serve` flags). `ServerConfig` is the HTTP server's own. Derived values
+are properties, never written back. Every default is written once, on its slice's field:
+`EngineArgs` and the CLI read them from there (`field_default`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -137,7 +142,7 @@ class ModelConfig:
         )
 
 
-def _vision_config(family: str, raw: dict, lm_hidden: int) -> VisionConfig:
+def _vision_config(family: str, raw: dict, text_hidden_size: int) -> VisionConfig:
     common = dict(
         family=family,
         depth=int(raw["depth"]),
@@ -152,14 +157,14 @@ def _vision_config(family: str, raw: dict, lm_hidden: int) -> VisionConfig:
         return VisionConfig(
             dim=dim,
             mlp_dim=int(dim * raw.get("mlp_ratio", 4)),
-            out_dim=int(raw.get("hidden_size", lm_hidden)),
+            out_dim=int(raw.get("hidden_size", text_hidden_size)),
             hidden_act=raw.get("hidden_act", "quick_gelu"),
             **common,
         )
     return VisionConfig(
         dim=int(raw["hidden_size"]),
         mlp_dim=int(raw["intermediate_size"]),
-        out_dim=int(raw.get("out_hidden_size", lm_hidden)),
+        out_dim=int(raw.get("out_hidden_size", text_hidden_size)),
         hidden_act=raw.get("hidden_act", "silu"),
         window_size=int(raw.get("window_size", 112)),
         fullatt_block_indexes=tuple(raw.get("fullatt_block_indexes", (7, 15, 23, 31))),
@@ -180,8 +185,8 @@ def _max_image_tokens(path: Path, vision: dict) -> int:
 
 def _eos_ids(path: Path, text: dict) -> tuple[int, ...]:
     """EOS ids from generation_config.json (which may list several), else config.json."""
-    gen_file = path / "generation_config.json"
-    eos = json.loads(gen_file.read_text()).get("eos_token_id") if gen_file.is_file() else None
+    generation_file = path / "generation_config.json"
+    eos = json.loads(generation_file.read_text()).get("eos_token_id") if generation_file.is_file() else None
     if eos is None:
         eos = text.get("eos_token_id")
     if eos is None:
@@ -205,6 +210,11 @@ class CacheConfig:
             raise ValueError(f"num_blocks must be ≥ 1, got {self.num_blocks}")
 
 
+SCHEDULING_POLICIES = ("fcfs", "priority")
+"""fcfs: first come, first served (a request's priority must stay 0); priority: lowest
+(priority, arrival time) first, as vLLM's --scheduling-policy."""
+
+
 @dataclass(frozen=True)
 class SchedulerConfig:
     """Token budget per step, the encoder's own budget (tokens / embeddings), the scheduling policy."""
@@ -219,9 +229,10 @@ class SchedulerConfig:
     scheduling_policy: str = "fcfs"  # "fcfs", or "priority": lower `priority` first, then arrival
 
     def __post_init__(self) -> None:
-        if self.scheduling_policy not in ("fcfs", "priority"):
+        if self.scheduling_policy not in SCHEDULING_POLICIES:
             raise ValueError(
-                f"scheduling_policy must be 'fcfs' or 'priority', got {self.scheduling_policy!r}"
+                f"scheduling_policy must be one of {', '.join(SCHEDULING_POLICIES)}, "
+                f"got {self.scheduling_policy!r}"
             )
         if self.max_num_seqs < 1:
             raise ValueError(f"max_num_seqs must be ≥ 1, got {self.max_num_seqs}")
@@ -229,11 +240,19 @@ class SchedulerConfig:
             raise ValueError(f"max_num_batched_tokens must be ≥ 1, got {self.max_num_batched_tokens}")
 
 
+DEFAULT_IMAGES_PER_PROMPT = 8
+"""Images one prompt may carry when `limit_per_prompt` does not name "image"."""
+
+
 @dataclass(frozen=True)
 class MultiModalConfig:
-    limit_per_prompt: dict[str, int] = field(default_factory=lambda: {"image": 8})
+    limit_per_prompt: dict[str, int] = field(default_factory=lambda: {"image": DEFAULT_IMAGES_PER_PROMPT})
     processor_cache_bytes: int = 1 << 30
     preprocess_workers: int | None = None  # None = min(4, cpu count); 0 = in-process
+
+    @property
+    def max_images_per_prompt(self) -> int:
+        return self.limit_per_prompt.get("image", DEFAULT_IMAGES_PER_PROMPT)
 
 
 @dataclass(frozen=True)
@@ -261,3 +280,90 @@ class EngineConfig:
         return self.scheduler.encoder_cache_size or max(
             self.scheduler.max_num_batched_tokens, self.model.max_image_tokens, self.encoder_budget
         )
+
+
+def field_default(config_class: type, name: str) -> Any:
+    """The default of one field of a config dataclass, for the places that must agree with it
+    (`EngineArgs`, the CLI's flags); a fresh copy where the default is made by a factory."""
+    spec = {f.name: f for f in dataclasses.fields(config_class)}[name]
+    if spec.default_factory is not dataclasses.MISSING:
+        return spec.default_factory()
+    if spec.default is dataclasses.MISSING:
+        raise ValueError(f"{config_class.__name__}.{name} has no default")
+    return spec.default
+
+
+_GIB = 1 << 30
+
+
+@dataclass(frozen=True)
+class EngineArgs:
+    """What a user sets for the engine: the keyword arguments of `LLM(...)` and the flags of
+    `mmserve serve` (`--max-num-seqs` is `max_num_seqs`), named like vLLM's engine args. The
+    defaults are read from the config slices, so `--help` and `LLM(...)` cannot disagree."""
+
+    model: str | Path
+    dtype: str = "auto"  # the checkpoint's
+    max_model_len: int | None = None  # None = the model's max_position_embeddings
+    max_num_seqs: int = field_default(SchedulerConfig, "max_num_seqs")
+    max_num_batched_tokens: int = field_default(SchedulerConfig, "max_num_batched_tokens")
+    long_prefill_token_threshold: int = field_default(SchedulerConfig, "long_prefill_token_threshold")
+    encoder_compute_budget: int = field_default(SchedulerConfig, "encoder_compute_budget")
+    encoder_cache_size: int = field_default(SchedulerConfig, "encoder_cache_size")
+    max_waiting_requests: int = field_default(SchedulerConfig, "max_waiting_requests")
+    scheduling_policy: str = field_default(SchedulerConfig, "scheduling_policy")
+    block_size: int = field_default(CacheConfig, "block_size")
+    num_kv_blocks: int | None = field_default(CacheConfig, "num_blocks")
+    kv_cache_memory: int = field_default(CacheConfig, "kv_cache_memory_bytes")  # bytes
+    enable_prefix_caching: bool = field_default(CacheConfig, "enable_prefix_caching")
+    limit_mm_per_prompt: dict[str, int] = field(
+        default_factory=lambda: field_default(MultiModalConfig, "limit_per_prompt")
+    )
+    mm_processor_cache_gb: float = field_default(MultiModalConfig, "processor_cache_bytes") / _GIB
+    preprocess_workers: int | None = field_default(MultiModalConfig, "preprocess_workers")
+    seed: int = field_default(EngineConfig, "seed")
+    device: str | None = field_default(EngineConfig, "device")
+
+    def create_engine_config(self) -> EngineConfig:
+        """Read the model folder and build every slice (raises FileNotFoundError / ValueError)."""
+        model = ModelConfig.from_pretrained(self.model, self.dtype, self.max_model_len)
+        return EngineConfig(
+            model=model,
+            cache=CacheConfig(
+                block_size=self.block_size,
+                num_blocks=self.num_kv_blocks,
+                kv_cache_memory_bytes=self.kv_cache_memory,
+                enable_prefix_caching=self.enable_prefix_caching,
+            ),
+            scheduler=SchedulerConfig(
+                max_num_seqs=self.max_num_seqs,
+                max_num_batched_tokens=self.max_num_batched_tokens,
+                max_model_len=model.max_model_len,
+                long_prefill_token_threshold=self.long_prefill_token_threshold,
+                encoder_compute_budget=self.encoder_compute_budget,
+                encoder_cache_size=self.encoder_cache_size,
+                max_waiting_requests=self.max_waiting_requests,
+                scheduling_policy=self.scheduling_policy,
+            ),
+            multimodal=MultiModalConfig(
+                limit_per_prompt=dict(self.limit_mm_per_prompt or {}),
+                processor_cache_bytes=int(self.mm_processor_cache_gb * _GIB),
+                preprocess_workers=self.preprocess_workers,
+            ),
+            seed=self.seed,
+            device=self.device,
+        )
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    """The HTTP server's settings (the engine's are in EngineConfig); the CLI's flags read their
+    defaults here. Callbacks (what to do if EngineCore dies) are passed beside it, not in it."""
+
+    served_model_name: str
+    host: str = "127.0.0.1"
+    port: int = 8000
+    api_key: str | None = None  # required as 'Authorization: Bearer KEY' on /v1 and the tokenizer routes
+    allowed_local_media_path: str | None = None  # None = no file:// or local-path images
+    allowed_media_domains: tuple[str, ...] = ()  # hosts http(s) images may come from
+    max_body_bytes: int = 64 << 20

@@ -6,31 +6,21 @@ EngineCore runs in this process; each loop iteration is one engine step.
 from __future__ import annotations
 
 import itertools
-import json
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
-from mmserve.config import CacheConfig, EngineConfig, ModelConfig, MultiModalConfig, SchedulerConfig
+from mmserve.config import EngineArgs
 from mmserve.engine import build_engine_core
 from mmserve.frontend.core_client import InprocCoreClient
-from mmserve.frontend.input_processor import InputProcessor, ProcessedPrompt
+from mmserve.frontend.factory import build_frontend
+from mmserve.frontend.input_processor import ProcessedPrompt
 from mmserve.frontend.media import MediaLoader
-from mmserve.frontend.output_processor import OutputProcessor
 from mmserve.frontend.tokenizer import Tokenizer
 from mmserve.outputs import RequestOutput
-from mmserve.protocol import EngineRequest, SchedulerStats
+from mmserve.protocol import SchedulerStats
 from mmserve.sampling_params import SamplingParams
-from preprocess import PreprocessPool, ProcessorSettings
-
-
-def default_sampling_params(model_dir: Path) -> SamplingParams:
-    """SamplingParams with the model's generation_config.json defaults and EOS ids applied."""
-    params = SamplingParams()
-    gen_file = model_dir / "generation_config.json"
-    if gen_file.is_file():
-        params.update_from_generation_config(json.loads(gen_file.read_text()))
-    return params
 
 
 def with_model_defaults(params: SamplingParams, defaults: SamplingParams) -> SamplingParams:
@@ -44,62 +34,26 @@ class LLM:
     def __init__(
         self,
         model: str | Path,
-        dtype: str = "auto",
-        max_model_len: int | None = None,
-        max_num_seqs: int = 128,
-        max_num_batched_tokens: int = 2048,
-        block_size: int = 16,
-        enable_prefix_caching: bool = True,
-        kv_cache_memory: int = 2 << 30,
-        num_kv_blocks: int | None = None,
-        long_prefill_token_threshold: int = 0,
-        encoder_compute_budget: int = 0,
-        encoder_cache_size: int = 0,
-        limit_mm_per_prompt: dict[str, int] | None = None,
-        mm_processor_cache_gb: float = 1.0,
+        *,
         preprocess_workers: int | None = 0,
         allowed_local_media_path: str | None = "/",
-        seed: int = 0,
-        device: str | None = None,
+        **engine_args: Any,
     ) -> None:
-        model_dir = Path(model)
-        model_config = ModelConfig.from_pretrained(model_dir, dtype, max_model_len)
-        self.config = EngineConfig(
-            model=model_config,
-            cache=CacheConfig(block_size, num_kv_blocks, kv_cache_memory, enable_prefix_caching),
-            scheduler=SchedulerConfig(
-                max_num_seqs=max_num_seqs,
-                max_num_batched_tokens=max_num_batched_tokens,
-                max_model_len=model_config.max_model_len,
-                long_prefill_token_threshold=long_prefill_token_threshold,
-                encoder_compute_budget=encoder_compute_budget,
-                encoder_cache_size=encoder_cache_size,
-            ),
-            multimodal=MultiModalConfig(
-                limit_per_prompt=limit_mm_per_prompt or {"image": 8},
-                processor_cache_bytes=int(mm_processor_cache_gb * (1 << 30)),
-                preprocess_workers=preprocess_workers,
-            ),
-            seed=seed,
-            device=device,
-        )
-        self.tokenizer = Tokenizer(model_dir)
-        self._default_params = default_sampling_params(model_dir)
-        settings = ProcessorSettings.from_hf_config(
-            json.loads((model_dir / "preprocessor_config.json").read_text()), family=model_config.family
-        )
-        self._pool = PreprocessPool(
-            settings, preprocess_workers, cache_bytes=self.config.multimodal.processor_cache_bytes
-        )
-        self._inputs = InputProcessor(
-            self.tokenizer,
-            self._pool,
-            MediaLoader(allowed_local_media_path),
-            model_config.max_model_len,
-            self.config.multimodal.limit_per_prompt.get("image", 8),
-        )
-        self._outputs = OutputProcessor(self.tokenizer)
-        self.engine_core = build_engine_core(self.config)
+        """`engine_args` are `EngineArgs`' fields (the `mmserve serve` flags, with the same
+        defaults). Offline, images are preprocessed in this process and any local file may be
+        read, unless `preprocess_workers` / `allowed_local_media_path` say otherwise."""
+        args = EngineArgs(model=model, preprocess_workers=preprocess_workers, **engine_args)
+        self.config = args.create_engine_config()
+        self._frontend = build_frontend(self.config, MediaLoader(allowed_local_media_path), open_ended=False)
+        self.tokenizer = self._frontend.tokenizer
+        self._default_params = self._frontend.default_params
+        self._inputs = self._frontend.inputs
+        self._outputs = self._frontend.outputs
+        try:
+            self.engine_core = build_engine_core(self.config)
+        except BaseException:
+            self._frontend.close()
+            raise
         self._client = InprocCoreClient(self.engine_core)
         self._ids = itertools.count()
 
@@ -116,7 +70,7 @@ class LLM:
     ) -> list[RequestOutput]:
         """A prompt is a string or {"prompt" | "prompt_token_ids", "multi_modal_data": {"image": ...}}."""
         prompts = [prompts] if isinstance(prompts, (str, dict)) else list(prompts)
-        return self._run([self._inputs.prompt(p) for p in prompts], sampling_params)
+        return self._run([self._inputs.prompt(prompt) for prompt in prompts], sampling_params)
 
     def chat(
         self,
@@ -127,13 +81,14 @@ class LLM:
         """One conversation (a list of OpenAI-style messages) or a list of conversations."""
         conversations = messages if messages and isinstance(messages[0], list) else [messages]
         kwargs = chat_template_kwargs or {}
-        return self._run([self._inputs.chat(c, **kwargs) for c in conversations], sampling_params)
+        prompts = [self._inputs.chat(conversation, **kwargs) for conversation in conversations]
+        return self._run(prompts, sampling_params)
 
     def stats(self) -> SchedulerStats:
         return self.engine_core.scheduler.stats()
 
     def close(self) -> None:
-        self._pool.close()
+        self._frontend.close()
 
     def __enter__(self) -> LLM:
         return self
@@ -146,33 +101,13 @@ class LLM:
         prompts: list[ProcessedPrompt],
         sampling_params: SamplingParams | Sequence[SamplingParams] | None,
     ) -> list[RequestOutput]:
-        if sampling_params is None:
-            params_list = [self._default_params] * len(prompts)
-        elif isinstance(sampling_params, SamplingParams):
-            params_list = [sampling_params] * len(prompts)
-        else:
-            params_list = list(sampling_params)
-            if len(params_list) != len(prompts):
-                raise ValueError(f"{len(params_list)} sampling params for {len(prompts)} prompts")
-        order = []
-        for prompt, params in zip(prompts, params_list):
-            request_id = str(next(self._ids))
-            order.append(request_id)
-            params = with_model_defaults(params, self._default_params)
-            for engine_id, child in self._outputs.add_request(
-                request_id, prompt.prompt, prompt.token_ids, params
-            ):
-                self._client.add_request(
-                    EngineRequest(
-                        request_id=engine_id,
-                        prompt_token_ids=prompt.token_ids,
-                        mm_features=prompt.features,
-                        sampling_params=child,
-                        arrival_time=time.monotonic(),
-                    )
-                )
+        """Submit every prompt, then step the engine until all have finished; outputs in order."""
+        request_ids = [
+            self._submit(prompt, params)
+            for prompt, params in zip(prompts, self._params_per_prompt(sampling_params, len(prompts)))
+        ]
         finished: dict[str, RequestOutput] = {}
-        while len(finished) < len(order):
+        while len(finished) < len(request_ids):
             engine_outputs = self._client.get_output()
             snapshots, to_abort = self._outputs.process_outputs(engine_outputs.outputs)
             if to_abort:
@@ -180,4 +115,26 @@ class LLM:
             for snapshot in snapshots:
                 if snapshot.finished:
                     finished[snapshot.request_id] = snapshot
-        return [finished[request_id] for request_id in order]
+        return [finished[request_id] for request_id in request_ids]
+
+    def _params_per_prompt(
+        self, sampling_params: SamplingParams | Sequence[SamplingParams] | None, num_prompts: int
+    ) -> list[SamplingParams]:
+        if sampling_params is None:
+            return [self._default_params] * num_prompts
+        if isinstance(sampling_params, SamplingParams):
+            return [sampling_params] * num_prompts
+        params_list = list(sampling_params)
+        if len(params_list) != num_prompts:
+            raise ValueError(f"{len(params_list)} sampling params for {num_prompts} prompts")
+        return params_list
+
+    def _submit(self, prompt: ProcessedPrompt, params: SamplingParams) -> str:
+        """Hand one prompt to the engine (n > 1 fans out into n engine requests); its request id."""
+        request_id = str(next(self._ids))
+        params = with_model_defaults(params, self._default_params)
+        for engine_id, child in self._outputs.add_request(
+            request_id, prompt.prompt, prompt.token_ids, params
+        ):
+            self._client.add_request(prompt.engine_request(engine_id, child, time.monotonic()))
+        return request_id

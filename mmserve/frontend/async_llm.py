@@ -18,9 +18,8 @@ from mmserve.config import EngineConfig
 from mmserve.frontend.core_client import EngineDeadError, MPCoreClient
 from mmserve.frontend.input_processor import ProcessedPrompt
 from mmserve.frontend.output_processor import OutputProcessor
-from mmserve.frontend.tokenizer import Tokenizer
 from mmserve.outputs import RequestOutput
-from mmserve.protocol import EngineRequest, SchedulerStats
+from mmserve.protocol import SchedulerStats
 from mmserve.sampling_params import SamplingParams
 
 logger = logging.getLogger("mmserve.frontend")
@@ -56,13 +55,13 @@ class AsyncLLM:
     def __init__(
         self,
         config: EngineConfig,
-        tokenizer: Tokenizer,
+        outputs: OutputProcessor,
         on_engine_dead: Callable[[], None] | None = None,
         on_outputs: Callable[[list[RequestOutput], SchedulerStats | None], None] | None = None,
     ) -> None:
         self.config = config
         self.client = MPCoreClient(config)
-        self.outputs = OutputProcessor(tokenizer)
+        self.outputs = outputs
         self._queues: dict[str, asyncio.Queue] = {}
         self._on_engine_dead = on_engine_dead
         self._on_outputs = on_outputs
@@ -104,16 +103,7 @@ class AsyncLLM:
         try:
             now = time.monotonic()
             for engine_id, child_params in children:
-                await self.client.add_request(
-                    EngineRequest(
-                        request_id=engine_id,
-                        prompt_token_ids=prompt.token_ids,
-                        mm_features=prompt.features,
-                        sampling_params=child_params,
-                        arrival_time=now,
-                        priority=priority,
-                    )
-                )
+                await self.client.add_request(prompt.engine_request(engine_id, child_params, now, priority))
             while not finished:
                 item = await queue.get()
                 if isinstance(item, BaseException):

@@ -16,7 +16,8 @@ from PIL import Image
 
 from mmserve.frontend.media import MediaLoader
 from mmserve.frontend.tokenizer import IMAGE_PAD, Tokenizer
-from mmserve.protocol import MultiModalFeature
+from mmserve.protocol import EngineRequest, MultiModalFeature
+from mmserve.sampling_params import SamplingParams
 from preprocess import PreprocessPool, ProcessedImage
 
 ImageInput = bytes | Image.Image
@@ -37,6 +38,19 @@ class ProcessedPrompt:
     prompt: str | None
     token_ids: list[int]
     features: list[MultiModalFeature]
+
+    def engine_request(
+        self, request_id: str, params: SamplingParams, arrival_time: float, priority: int = 0
+    ) -> EngineRequest:
+        """The message that hands this prompt to EngineCore (one per sample when n > 1)."""
+        return EngineRequest(
+            request_id=request_id,
+            prompt_token_ids=self.token_ids,
+            mm_features=self.features,
+            sampling_params=params,
+            arrival_time=arrival_time,
+            priority=priority,
+        )
 
 
 def parse_messages(

@@ -41,7 +41,7 @@ class _Parent:
 
     @property
     def finished(self) -> bool:
-        return all(c.completion.finished() for c in self.children)
+        return all(child.completion.finished() for child in self.children)
 
     def snapshot(self) -> RequestOutput:
         """The request as it stands. Its CompletionOutputs are the live ones (copying every
@@ -51,7 +51,7 @@ class _Parent:
             request_id=self.request_id,
             prompt=self.prompt,
             prompt_token_ids=self.prompt_token_ids,
-            outputs=[c.completion for c in self.children],
+            outputs=[child.completion for child in self.children],
             finished=self.finished,
             num_cached_tokens=self.num_cached_tokens,
             error=self.error,
@@ -84,25 +84,27 @@ class OutputProcessor:
         children = []
         for index in range(params.n):
             engine_id = request_id if params.n == 1 else f"{index}_{request_id}"
-            cp = child_params(params, index)
+            sample_params = child_params(params, index)
             children.append(
                 _Child(
                     engine_id,
                     index,
-                    cp,
-                    self.tokenizer.decode_stream(cp.skip_special_tokens),
-                    _empty(index, cp),
+                    sample_params,
+                    self.tokenizer.decode_stream(sample_params.skip_special_tokens),
+                    _empty(index, sample_params),
                 )
             )
         parent = _Parent(request_id, prompt, prompt_token_ids, children, time.monotonic())
         self._parents[request_id] = parent
         for child in children:
             self._child_of[child.engine_id] = (parent, child)
-        return [(c.engine_id, c.params) for c in children]
+        return [(child.engine_id, child.params) for child in children]
 
     def engine_ids(self, request_id: str) -> list[str]:
         parent = self._parents.get(request_id)
-        return [c.engine_id for c in parent.children if not c.completion.finished()] if parent else []
+        if parent is None:
+            return []
+        return [child.engine_id for child in parent.children if not child.completion.finished()]
 
     def has_unfinished(self) -> bool:
         return bool(self._parents)
@@ -189,10 +191,10 @@ class OutputProcessor:
         completion.text = completion.text[:end]
         return stop
 
-    def _add_logprobs(self, completion: CompletionOutput, lp: Logprobs, k: int) -> None:
-        for ids, values, rank in zip(lp.token_ids, lp.logprobs, lp.sampled_ranks):
+    def _add_logprobs(self, completion: CompletionOutput, logprobs: Logprobs, num_top: int) -> None:
+        for ids, values, rank in zip(logprobs.token_ids, logprobs.logprobs, logprobs.sampled_ranks):
             entry = {}
-            for position, (token_id, value) in enumerate(zip(ids[: k + 1], values[: k + 1])):
+            for position, (token_id, value) in enumerate(zip(ids[: num_top + 1], values[: num_top + 1])):
                 token_rank = rank if position == 0 else position
                 if token_id not in entry:
                     entry[token_id] = Logprob(value, token_rank, self.tokenizer.decode([token_id], False))

@@ -192,3 +192,26 @@ def test_multi_turn_chat_resending_its_image_hits_the_prefix_cache(server, clien
         turn1_ttft.append(t1)
         turn2_ttft.append(t2)
     assert sum(turn2_ttft) < sum(turn1_ttft), (turn1_ttft, turn2_ttft)
+
+
+@pytest.mark.parametrize("route", ["chat", "completions"])
+def test_a_priority_under_first_come_first_served_scheduling_is_refused(client, model_name, route):
+    """The server runs the default fcfs policy: a priority would be silently ignored, so it is a
+    400 naming the field; priority 0 (the default) is accepted."""
+
+    def create(priority: int):
+        if route == "chat":
+            messages = [{"role": "user", "content": "hi"}]
+            return client.chat.completions.create(
+                model=model_name, messages=messages, max_tokens=2, extra_body={"priority": priority}
+            )
+        return client.completions.create(
+            model=model_name, prompt="hi", max_tokens=2, extra_body={"priority": priority}
+        )
+
+    with pytest.raises(openai.BadRequestError) as refused:
+        create(1)
+    assert refused.value.status_code == 400
+    assert refused.value.param == "priority"
+    assert "priority" in refused.value.message
+    assert create(0).choices

@@ -3,8 +3,10 @@
 `hardened` is one `mmserve serve` configured the way a careful operator would run it exposed
 to untrusted clients: an API key, a 1 MiB body limit, a waiting-queue cap, a local media root
 and an http allowlist, a tiny KV cache (24 blocks) and few sequences so overload is easy to reach,
-and debug logging (to prove secrets stay out of logs even there). It is shared by the hostile-input,
-auth, overload and fuzz tests; the fault tests kill processes and start their own.
+priority scheduling (so the extreme priorities clients may send reach the scheduler; under fcfs
+a priority is refused), and debug logging (to prove secrets stay out of logs even there). It is
+shared by the hostile-input, auth, overload and fuzz tests; the fault tests kill processes and
+start their own.
 """
 
 from __future__ import annotations
@@ -59,6 +61,8 @@ def hardened(model_path, image_host, tmp_path_factory):
         "256",
         "--max-waiting-requests",
         str(MAX_WAITING),
+        "--scheduling-policy",
+        "priority",
         "--max-request-body",
         "1MiB",
         "--allowed-local-media-path",

@@ -13,7 +13,7 @@ import httpx
 import pytest
 from reliability_util import API_KEY, assert_openai_error
 
-from mmserve.entrypoints.openai import api_server
+from mmserve.entrypoints.openai import middleware
 
 PUBLIC = {"/health", "/metrics"}  # /metrics: engine counters, no model access (as in vLLM)
 CHAT_BODY = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
@@ -91,7 +91,7 @@ def test_health_chat_page_and_static_files_need_no_key(hardened):
 
 def test_the_key_is_compared_in_constant_time():
     """The auth middleware compares with hmac.compare_digest, and nothing compares the key with ==."""
-    source = inspect.getsource(api_server)
+    source = inspect.getsource(middleware)
     tree = ast.parse(source)
     calls = [
         node

@@ -3,7 +3,7 @@ request schema (positive) and bodies that break it (negative) never get a 5xx, e
 OpenAI error body, and the server is still exact afterwards.
 
 The routes parse raw JSON themselves, so their request schemas are published through
-`openapi_extra` (api_server.py); without them schemathesis would send no body at all.
+`openapi_extra` (routes.py); without them schemathesis would send no body at all.
 Generated answers are capped at 2 tokens and n at 2 (the schema allows up to 2**63 tokens and
 n=128): the fuzz is about parsing and validation, not about waiting for long answers.
 """

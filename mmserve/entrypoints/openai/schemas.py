@@ -87,8 +87,9 @@ class _SamplingFields(BaseModel):
     priority: Int64 = 0
 
     def _sampling_overrides(self) -> dict[str, Any]:
-        names = {f.name for f in dataclasses.fields(SamplingParams)}
-        return {k: v for k, v in self.model_dump(exclude_unset=True).items() if k in names and v is not None}
+        names = {spec.name for spec in dataclasses.fields(SamplingParams)}
+        sent = self.model_dump(exclude_unset=True)
+        return {name: value for name, value in sent.items() if name in names and value is not None}
 
 
 class ChatCompletionRequest(_SamplingFields):
@@ -128,9 +129,9 @@ class CompletionRequest(_SamplingFields):
             return [prompt]
         if not prompt:
             raise ValueError("prompt must not be empty")
-        if len(prompt) > MAX_PROMPTS and not all(isinstance(p, int) for p in prompt):
+        if len(prompt) > MAX_PROMPTS and not all(isinstance(item, int) for item in prompt):
             raise ValueError(f"at most {MAX_PROMPTS} prompts per request, got {len(prompt)}")
-        if all(isinstance(p, int) for p in prompt):
+        if all(isinstance(item, int) for item in prompt):
             return [list(prompt)]
         return list(prompt)
 

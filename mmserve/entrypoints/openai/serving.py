@@ -1,205 +1,67 @@
 """Chat and text completions: from a validated request to a JSON body or an SSE stream.
 
-Both routes share `_Generation`: build the prompt(s), fan them into the engine, and either
-gather the final outputs or stream deltas. Streaming follows OpenAI and vLLM: the role-only
-first chunk goes out once the first token exists, content deltas follow, then finish_reason;
-with include_usage a last chunk with empty choices carries usage; then `data: [DONE]`.
+Both build a `Generation` (generation.py) and either gather its final outputs or stream deltas.
+Streaming follows OpenAI and vLLM: the role-only first chunk goes out once the first token
+exists, content deltas follow, then finish_reason; with include_usage a last chunk with empty
+choices carries usage; then `data: [DONE]`.
+
+A snapshot's CompletionOutput keeps growing while a stream generator waits at a yield, so each
+chunk is built from what is there and counted as sent (`_Sent.advance`) before it is yielded;
+counting after the yield would skip what arrived meanwhile.
 """
 
 from __future__ import annotations
 
-import asyncio
-import json
-import time
-import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 
-from mmserve.entrypoints.openai.errors import OpenAIError, bad_request
+from mmserve.entrypoints.openai.errors import bad_request
+from mmserve.entrypoints.openai.generation import (
+    Generation,
+    admit,
+    check_request,
+    chunk_base,
+    client_error,
+    prepare,
+    sse,
+    usage_of,
+)
 from mmserve.entrypoints.openai.schemas import ChatCompletionRequest, CompletionRequest
-from mmserve.frontend.async_llm import AsyncLLM, Reservation
-from mmserve.frontend.core_client import EngineDeadError
-from mmserve.frontend.input_processor import InputProcessor, ProcessedPrompt, PromptError
-from mmserve.frontend.media import MediaError
-from mmserve.frontend.tokenizer import TemplateError, Tokenizer
-from mmserve.metrics import ServerMetrics
-from mmserve.outputs import CompletionOutput, RequestOutput
-from mmserve.sampling_params import SamplingParams
-from preprocess import ImageError, PreprocessError
+from mmserve.entrypoints.openai.state import AppState
+from mmserve.frontend.input_processor import ProcessedPrompt
+from mmserve.outputs import CompletionOutput, Logprob, RequestOutput
 
 
 @dataclass
-class ServingContext:
-    """Everything a route needs, built once at start-up."""
+class _Sent:
+    """How much of one choice has been streamed."""
 
-    engine: AsyncLLM
-    inputs: InputProcessor
-    tokenizer: Tokenizer
-    default_params: SamplingParams
-    served_model_name: str
-    metrics: ServerMetrics
+    chars: int = 0
+    tokens: int = 0
+    role: bool = False
 
-
-def client_error(e: Exception) -> OpenAIError:
-    """Map a frontend exception to the HTTP error a client should see."""
-    if isinstance(e, OpenAIError):
-        return e
-    if isinstance(e, PromptError):
-        return bad_request(str(e), e.param)
-    if isinstance(e, (MediaError, ImageError)):
-        return bad_request(str(e), "messages")
-    if isinstance(e, (TemplateError, ValueError)):
-        return bad_request(str(e))
-    if isinstance(e, EngineDeadError):
-        return OpenAIError(503, f"the engine is not running: {e}")
-    if isinstance(e, PreprocessError):
-        return OpenAIError(500, f"image preprocessing failed: {e}")
-    return OpenAIError(500, f"internal error: {type(e).__name__}")
-
-
-def check_model(ctx: ServingContext, model: str | None) -> None:
-    if model is not None and model != ctx.served_model_name:
-        raise OpenAIError(
-            404, f"the model {model!r} does not exist; this server serves {ctx.served_model_name!r}", "model"
-        )
-
-
-def admit(ctx: ServingContext, places: int) -> Reservation:
-    """Refuse work beyond the configured waiting-queue cap instead of queueing without bound;
-    otherwise reserve the request's places until the engine has it.
-
-    EngineCore's count of waiting requests is a step old and misses requests still being built,
-    so a burst would slip past it: requests this process has sent or is building beyond what can
-    run at once count as waiting too (the reservation keeps them counted in between).
-    """
-    scheduler = ctx.engine.config.scheduler
-    cap = scheduler.max_waiting_requests
-    if cap:
-        sent_beyond_running = ctx.engine.num_unfinished - scheduler.max_num_seqs
-        if max(ctx.engine.latest_stats.num_waiting, sent_beyond_running) >= cap:
-            raise OpenAIError(503, f"the server is overloaded ({cap} requests waiting); retry later")
-    return ctx.engine.reserve(places)
-
-
-def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dict:
-    return {
-        "prompt_tokens": prompt_tokens,
-        "completion_tokens": completion_tokens,
-        "total_tokens": prompt_tokens + completion_tokens,
-        "prompt_tokens_details": {"cached_tokens": cached_tokens},
-    }
-
-
-class _Generation:
-    """One client request: one or more prompts (completions may batch), each with n choices."""
-
-    def __init__(
-        self,
-        ctx: ServingContext,
-        prompts: list[ProcessedPrompt],
-        params: SamplingParams,
-        priority: int,
-        reservation: Reservation,
-    ):
-        self.ctx = ctx
-        self.prompts = prompts
-        self.reservation = reservation
-        self.params = params
-        self.priority = priority
-        self.id_base = uuid.uuid4().hex
-        self.created = int(time.time())
-        self.start = time.monotonic()
-
-    def streams(self) -> list[AsyncIterator[RequestOutput]]:
-        return [
-            self.ctx.engine.generate(
-                f"{self.id_base}-{i}", prompt, self.params, self.priority, self.reservation
-            )
-            for i, prompt in enumerate(self.prompts)
-        ]
-
-    async def final_outputs(self) -> list[RequestOutput]:
-        async def last(stream: AsyncIterator[RequestOutput]) -> RequestOutput:
-            result = None
-            async for result in stream:  # the last snapshot is the final one
-                self._observe(result)
-            return result
-
-        try:
-            outputs = await asyncio.gather(*(last(s) for s in self.streams()))
-        finally:
-            self.forget()
-        for out in outputs:
-            if out.error:
-                raise bad_request(out.error)
-        return outputs
-
-    async def merged_stream(self) -> AsyncIterator[tuple[int, RequestOutput]]:
-        """(prompt index, snapshot) from all prompts as they arrive."""
-        queue: asyncio.Queue = asyncio.Queue()
-        streams = self.streams()
-
-        async def pump(i: int, stream: AsyncIterator[RequestOutput]) -> None:
-            try:
-                async for snapshot in stream:
-                    self._observe(snapshot)
-                    await queue.put((i, snapshot))
-            except BaseException as e:
-                await queue.put((i, e))
-                raise
-
-        tasks = [asyncio.create_task(pump(i, s)) for i, s in enumerate(streams)]
-        try:
-            remaining = len(tasks)
-            while remaining:
-                i, item = await queue.get()
-                if isinstance(item, BaseException):
-                    raise item
-                if item.finished:
-                    remaining -= 1
-                yield i, item
-        finally:
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
-            self.forget()
-
-    def _observe(self, snapshot: RequestOutput) -> None:
-        self.ctx.metrics.observe_request(snapshot, self.start)
-
-    def forget(self) -> None:
-        """Give back reserved places never taken and drop per-request metric state of prompts
-        that ended unfinished (client gone)."""
-        self.reservation.release()
-        for i in range(len(self.prompts)):
-            self.ctx.metrics.forget(f"{self.id_base}-{i}")
-
-
-def sse(data: dict | str) -> str:
-    return f"data: {data if isinstance(data, str) else json.dumps(data, ensure_ascii=False)}\n\n"
+    def advance(self, completion: CompletionOutput) -> tuple[str, int]:
+        """(text not yet sent, index of the first token not yet sent); all of it counts as sent."""
+        text, start = completion.text[self.chars :], self.tokens
+        self.chars, self.tokens = len(completion.text), len(completion.token_ids)
+        return text, start
 
 
 # ------------------------------------------------------------------------------- chat
 
 
-async def build_chat(ctx: ServingContext, request: ChatCompletionRequest) -> _Generation:
-    check_model(ctx, request.model)
+async def build_chat(state: AppState, request: ChatCompletionRequest) -> Generation:
+    check_request(state, request.model, request.priority)
     try:
-        params = request.sampling_params(ctx.default_params)
+        params = request.sampling_params(state.frontend.default_params)
     except ValueError as e:
         raise bad_request(str(e)) from None
     template_kwargs = request.chat_template_kwargs or {}
     if "messages" in template_kwargs:
         raise bad_request("chat_template_kwargs must not set 'messages'", "chat_template_kwargs")
-    reservation = admit(ctx, 1)
-    try:
-        prompt = await ctx.inputs.chat_async(request.messages, **template_kwargs)
-    except BaseException as e:  # a cancelled request gives its place back too
-        reservation.release()
-        if isinstance(e, Exception):
-            raise client_error(e) from None
-        raise
-    return _Generation(ctx, [prompt], params, request.priority, reservation)
+    reservation = admit(state, 1)
+    prompt = await prepare(reservation, state.frontend.inputs.chat_async(request.messages, **template_kwargs))
+    return Generation(state, [prompt], params, request.priority, reservation)
 
 
 def chat_logprobs(completion: CompletionOutput, top_k: int, start: int = 0) -> dict | None:
@@ -208,127 +70,108 @@ def chat_logprobs(completion: CompletionOutput, top_k: int, start: int = 0) -> d
         return None
     content = []
     for token_id, entry in zip(completion.token_ids[start:], completion.logprobs[start:]):
-        sampled = entry[token_id]
         top = sorted(
-            (lp for lp in entry.values() if lp.rank is not None and lp.rank <= top_k), key=lambda lp: lp.rank
+            (logprob for logprob in entry.values() if logprob.rank is not None and logprob.rank <= top_k),
+            key=lambda logprob: logprob.rank,
         )
-        content.append({**_token_logprob(sampled), "top_logprobs": [_token_logprob(lp) for lp in top]})
+        content.append(
+            {
+                **_token_logprob(entry[token_id]),
+                "top_logprobs": [_token_logprob(alternative) for alternative in top],
+            }
+        )
     return {"content": content}
 
 
-def _token_logprob(lp) -> dict:
-    return {"token": lp.decoded_token, "logprob": lp.logprob, "bytes": list(lp.decoded_token.encode())}
+def _token_logprob(logprob: Logprob) -> dict:
+    token = logprob.decoded_token
+    return {"token": token, "logprob": logprob.logprob, "bytes": list(token.encode())}
 
 
-async def chat_response(gen: _Generation) -> dict:
-    [out] = await gen.final_outputs()
+async def chat_response(generation: Generation) -> dict:
+    [output] = await generation.final_outputs()
     choices = [
         {
-            "index": c.index,
-            "message": {"role": "assistant", "content": c.text},
-            "logprobs": chat_logprobs(c, gen.params.logprobs or 0),
-            "finish_reason": c.finish_reason,
-            "stop_reason": c.stop_reason,
+            "index": completion.index,
+            "message": {"role": "assistant", "content": completion.text},
+            "logprobs": chat_logprobs(completion, generation.params.logprobs or 0),
+            "finish_reason": completion.finish_reason,
+            "stop_reason": completion.stop_reason,
         }
-        for c in out.outputs
+        for completion in output.outputs
     ]
-    completion_tokens = sum(len(c.token_ids) for c in out.outputs)
     return {
-        "id": f"chatcmpl-{gen.id_base}",
-        "object": "chat.completion",
-        "created": gen.created,
-        "model": gen.ctx.served_model_name,
+        **chunk_base(generation, "chatcmpl", "chat.completion"),
         "choices": choices,
-        "usage": usage(len(out.prompt_token_ids), completion_tokens, out.num_cached_tokens),
+        "usage": usage_of([output]),
     }
 
 
-async def chat_stream(gen: _Generation, include_usage: bool) -> AsyncIterator[str]:
-    base = {"id": f"chatcmpl-{gen.id_base}", "object": "chat.completion.chunk", "created": gen.created}
-    base["model"] = gen.ctx.served_model_name
-    sent_chars = [0] * gen.params.n
-    sent_tokens = [0] * gen.params.n
-    role_sent = [False] * gen.params.n
+async def chat_stream(generation: Generation, include_usage: bool) -> AsyncIterator[str]:
+    base = chunk_base(generation, "chatcmpl", "chat.completion.chunk")
+    sent = [_Sent() for _ in range(generation.params.n)]
     last: RequestOutput | None = None
     try:
-        async for _, snapshot in gen.merged_stream():
+        async for _, snapshot in generation.merged_stream():
             last = snapshot
             if snapshot.error:
                 raise bad_request(snapshot.error)
-            for c in snapshot.outputs:
-                i = c.index
-                if not role_sent[i] and (c.token_ids or c.finished()):
-                    role_sent[i] = True
-                    yield sse(
-                        {
-                            **base,
-                            "choices": [
-                                {
-                                    "index": i,
-                                    "delta": {"role": "assistant", "content": ""},
-                                    "logprobs": None,
-                                    "finish_reason": None,
-                                }
-                            ],
-                        }
-                    )
-                # `c` keeps growing while this generator waits at a yield: take what is sent
-                # and count it as sent before yielding, or text added meanwhile is skipped.
-                delta_text = c.text[sent_chars[i] :]
-                new_tokens = len(c.token_ids) > sent_tokens[i]
-                send = delta_text or (new_tokens and c.logprobs is not None) or c.finished()
-                if send:
-                    choice = {
-                        "index": i,
-                        "delta": {"content": delta_text} if delta_text else {},
-                        "logprobs": chat_logprobs(c, gen.params.logprobs or 0, sent_tokens[i])
-                        if new_tokens
-                        else None,
-                        "finish_reason": c.finish_reason if c.finished() else None,
-                    }
-                    if c.finished():
-                        choice["stop_reason"] = c.stop_reason
-                sent_chars[i] = len(c.text)
-                sent_tokens[i] = len(c.token_ids)
-                if send:
+            for completion in snapshot.outputs:
+                for choice in _chat_choices(
+                    completion, sent[completion.index], generation.params.logprobs or 0
+                ):
                     yield sse({**base, "choices": [choice]})
         if include_usage and last is not None:
-            completion_tokens = sum(len(c.token_ids) for c in last.outputs)
-            yield sse(
-                {
-                    **base,
-                    "choices": [],
-                    "usage": usage(len(last.prompt_token_ids), completion_tokens, last.num_cached_tokens),
-                }
-            )
+            yield sse({**base, "choices": [], "usage": usage_of([last])})
     except Exception as e:
-        error = client_error(e)
-        yield sse(error.body())
+        yield sse(client_error(e).body())
     yield sse("[DONE]")
+
+
+def _chat_choices(completion: CompletionOutput, sent: _Sent, top_k: int) -> Iterator[dict]:
+    """The chunks' choices for what is new in `completion`: the role once, then a delta. Lazy,
+    so the delta is read after the role chunk's yield (anything added meanwhile goes with it)."""
+    index = completion.index
+    if not sent.role and (completion.token_ids or completion.finished()):
+        sent.role = True
+        delta = {"role": "assistant", "content": ""}
+        yield {"index": index, "delta": delta, "logprobs": None, "finish_reason": None}
+    text, start = sent.advance(completion)
+    new_tokens = len(completion.token_ids) > start
+    if not (text or (new_tokens and completion.logprobs is not None) or completion.finished()):
+        return
+    choice = {
+        "index": index,
+        "delta": {"content": text} if text else {},
+        "logprobs": chat_logprobs(completion, top_k, start) if new_tokens else None,
+        "finish_reason": completion.finish_reason if completion.finished() else None,
+    }
+    if completion.finished():
+        choice["stop_reason"] = completion.stop_reason
+    yield choice
 
 
 # ------------------------------------------------------------------------------- completions
 
 
-async def build_completion(ctx: ServingContext, request: CompletionRequest) -> _Generation:
-    check_model(ctx, request.model)
+async def build_completion(state: AppState, request: CompletionRequest) -> Generation:
+    check_request(state, request.model, request.priority)
     try:
-        params = request.sampling_params(ctx.default_params)
+        params = request.sampling_params(state.frontend.default_params)
         prompts = request.prompts()
     except ValueError as e:
         raise bad_request(str(e), "prompt") from None
-    reservation = admit(ctx, len(prompts))
-    try:
-        processed = [
-            await ctx.inputs.prompt_async(p if isinstance(p, str) else {"prompt_token_ids": p})
-            for p in prompts
-        ]
-    except BaseException as e:  # a cancelled request gives its place back too
-        reservation.release()
-        if isinstance(e, Exception):
-            raise client_error(e) from None
-        raise
-    return _Generation(ctx, processed, params, request.priority, reservation)
+    reservation = admit(state, len(prompts))
+    processed = await prepare(reservation, _process_prompts(state, prompts))
+    return Generation(state, processed, params, request.priority, reservation)
+
+
+async def _process_prompts(state: AppState, prompts: list[str | list[int]]) -> list[ProcessedPrompt]:
+    inputs = state.frontend.inputs
+    return [
+        await inputs.prompt_async(prompt if isinstance(prompt, str) else {"prompt_token_ids": prompt})
+        for prompt in prompts
+    ]
 
 
 def completion_logprobs(completion: CompletionOutput, start: int = 0) -> dict | None:
@@ -339,72 +182,60 @@ def completion_logprobs(completion: CompletionOutput, start: int = 0) -> dict | 
         sampled = entry[token_id]
         tokens.append(sampled.decoded_token)
         token_logprobs.append(sampled.logprob)
-        top.append({lp.decoded_token: lp.logprob for lp in entry.values()})
+        top.append({logprob.decoded_token: logprob.logprob for logprob in entry.values()})
     return {"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": top, "text_offset": []}
 
 
-async def completion_response(gen: _Generation) -> dict:
-    outputs = await gen.final_outputs()
-    choices, prompt_tokens, completion_tokens, cached = [], 0, 0, 0
-    for p, out in enumerate(outputs):
-        prompt_tokens += len(out.prompt_token_ids)
-        cached += out.num_cached_tokens
-        for c in out.outputs:
-            completion_tokens += len(c.token_ids)
-            choices.append(
-                {
-                    "index": p * gen.params.n + c.index,
-                    "text": c.text,
-                    "logprobs": completion_logprobs(c),
-                    "finish_reason": c.finish_reason,
-                    "stop_reason": c.stop_reason,
-                }
-            )
+async def completion_response(generation: Generation) -> dict:
+    outputs = await generation.final_outputs()
+    choices = [
+        {
+            "index": prompt_index * generation.params.n + completion.index,
+            "text": completion.text,
+            "logprobs": completion_logprobs(completion),
+            "finish_reason": completion.finish_reason,
+            "stop_reason": completion.stop_reason,
+        }
+        for prompt_index, output in enumerate(outputs)
+        for completion in output.outputs
+    ]
     return {
-        "id": f"cmpl-{gen.id_base}",
-        "object": "text_completion",
-        "created": gen.created,
-        "model": gen.ctx.served_model_name,
+        **chunk_base(generation, "cmpl", "text_completion"),
         "choices": choices,
-        "usage": usage(prompt_tokens, completion_tokens, cached),
+        "usage": usage_of(outputs),
     }
 
 
-async def completion_stream(gen: _Generation, include_usage: bool) -> AsyncIterator[str]:
-    base = {"id": f"cmpl-{gen.id_base}", "object": "text_completion", "created": gen.created}
-    base["model"] = gen.ctx.served_model_name
-    n = gen.params.n
-    sent_chars: dict[int, int] = {}
-    sent_tokens: dict[int, int] = {}
+async def completion_stream(generation: Generation, include_usage: bool) -> AsyncIterator[str]:
+    base = chunk_base(generation, "cmpl", "text_completion")
+    sent: dict[int, _Sent] = {}
     finals: dict[int, RequestOutput] = {}
     try:
-        async for p, snapshot in gen.merged_stream():
+        async for prompt_index, snapshot in generation.merged_stream():
             if snapshot.error:
                 raise bad_request(snapshot.error)
-            for c in snapshot.outputs:
-                index = p * n + c.index
-                # As in chat_stream: count what is sent as sent before yielding.
-                delta = c.text[sent_chars.get(index, 0) :]
-                start = sent_tokens.get(index, 0)
-                send = delta or len(c.token_ids) > start or c.finished()
-                if send:
-                    choice = {
-                        "index": index,
-                        "text": delta,
-                        "logprobs": completion_logprobs(c, start),
-                        "finish_reason": c.finish_reason if c.finished() else None,
-                    }
-                sent_chars[index] = len(c.text)
-                sent_tokens[index] = len(c.token_ids)
-                if send:
+            for completion in snapshot.outputs:
+                index = prompt_index * generation.params.n + completion.index
+                choice = _completion_choice(completion, sent.setdefault(index, _Sent()), index)
+                if choice is not None:
                     yield sse({**base, "choices": [choice]})
             if snapshot.finished:
-                finals[p] = snapshot
+                finals[prompt_index] = snapshot
         if include_usage:
-            prompt_tokens = sum(len(o.prompt_token_ids) for o in finals.values())
-            completion_tokens = sum(len(c.token_ids) for o in finals.values() for c in o.outputs)
-            cached = sum(o.num_cached_tokens for o in finals.values())
-            yield sse({**base, "choices": [], "usage": usage(prompt_tokens, completion_tokens, cached)})
+            yield sse({**base, "choices": [], "usage": usage_of(list(finals.values()))})
     except Exception as e:
         yield sse(client_error(e).body())
     yield sse("[DONE]")
+
+
+def _completion_choice(completion: CompletionOutput, sent: _Sent, index: int) -> dict | None:
+    """The chunk's choice for what is new in `completion`, or None if nothing is."""
+    text, start = sent.advance(completion)
+    if not (text or len(completion.token_ids) > start or completion.finished()):
+        return None
+    return {
+        "index": index,
+        "text": text,
+        "logprobs": completion_logprobs(completion, start),
+        "finish_reason": completion.finish_reason if completion.finished() else None,
+    }

@@ -39,7 +39,7 @@ def test_the_config_defaults_to_fcfs_and_the_scheduler_takes_its_policy_from_it(
 
 
 def test_an_unknown_policy_is_a_clear_error_in_the_config_and_the_factory():
-    with pytest.raises(ValueError, match="scheduling_policy must be 'fcfs' or 'priority', got 'lifo'"):
+    with pytest.raises(ValueError, match="scheduling_policy must be one of fcfs, priority, got 'lifo'"):
         SchedulerConfig(scheduling_policy="lifo")
     with pytest.raises(ValueError, match="unknown scheduling policy 'lifo'"):
         create_request_queue("lifo")

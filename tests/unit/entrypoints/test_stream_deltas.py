@@ -29,7 +29,7 @@ class GrowingGeneration:
     def __init__(self) -> None:
         self.params = SamplingParams(max_tokens=len(PIECES))
         self.id_base, self.created = "test", 0
-        self.ctx = SimpleNamespace(served_model_name="m")
+        self.state = SimpleNamespace(served_model_name="m")
         self.completion = CompletionOutput(index=0, text="", token_ids=[])
         self.output = RequestOutput("r", None, [1, 2, 3], [self.completion], finished=False)
         self.remaining = list(PIECES)
@@ -58,7 +58,7 @@ class GrowingGeneration:
                 return
 
 
-def streamed_text(stream, gen: GrowingGeneration, field: str) -> str:
+def streamed_text(stream, generation: GrowingGeneration, field: str) -> str:
     async def read() -> str:
         text = ""
         async for event in stream:
@@ -66,7 +66,7 @@ def streamed_text(stream, gen: GrowingGeneration, field: str) -> str:
             if data != "[DONE]":
                 for choice in json.loads(data)["choices"]:
                     text += choice["delta"].get("content", "") if field == "delta" else choice["text"]
-            gen.grow_between_reads()  # the engine moves on while the client reads
+            generation.grow_between_reads()  # the engine moves on while the client reads
         return text
 
     # A thread of its own: pytest-playwright leaves an event loop running on the main thread.
@@ -76,9 +76,9 @@ def streamed_text(stream, gen: GrowingGeneration, field: str) -> str:
 
 @pytest.mark.parametrize("kind", ["chat", "completion"])
 def test_every_piece_of_a_growing_answer_is_streamed(kind):
-    gen = GrowingGeneration()
+    generation = GrowingGeneration()
     if kind == "chat":
-        text = streamed_text(chat_stream(gen, include_usage=False), gen, "delta")
+        text = streamed_text(chat_stream(generation, include_usage=False), generation, "delta")
     else:
-        text = streamed_text(completion_stream(gen, include_usage=False), gen, "text")
+        text = streamed_text(completion_stream(generation, include_usage=False), generation, "text")
     assert text == "".join(PIECES)

@@ -1,0 +1,209 @@
+"""What chat and text completions share: admitting a request, mapping frontend errors to HTTP
+errors, and `Generation`, one client request fanned into the engine (one or more prompts,
+each with n choices) whose outputs are gathered or streamed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable
+from typing import TypeVar
+
+from mmserve.entrypoints.openai.errors import OpenAIError, bad_request
+from mmserve.entrypoints.openai.state import AppState
+from mmserve.frontend.async_llm import Reservation
+from mmserve.frontend.errors import (
+    EngineDeadError,
+    ImageError,
+    MediaError,
+    PreprocessError,
+    PromptError,
+    TemplateError,
+)
+from mmserve.frontend.input_processor import ProcessedPrompt
+from mmserve.outputs import RequestOutput
+from mmserve.sampling_params import SamplingParams
+
+Result = TypeVar("Result")
+
+
+def client_error(e: Exception) -> OpenAIError:
+    """Map a frontend exception to the HTTP error a client should see."""
+    if isinstance(e, OpenAIError):
+        return e
+    if isinstance(e, PromptError):
+        return bad_request(str(e), e.param)
+    if isinstance(e, (MediaError, ImageError)):
+        return bad_request(str(e), "messages")
+    if isinstance(e, (TemplateError, ValueError)):
+        return bad_request(str(e))
+    if isinstance(e, EngineDeadError):
+        return OpenAIError(503, f"the engine is not running: {e}")
+    if isinstance(e, PreprocessError):
+        return OpenAIError(500, f"image preprocessing failed: {e}")
+    return OpenAIError(500, f"internal error: {type(e).__name__}")
+
+
+def check_request(state: AppState, model: str | None, priority: int) -> None:
+    """The request names this server's model (or none), and sets a priority only where the
+    engine schedules by priority: under fcfs it would be silently ignored."""
+    if model is not None and model != state.served_model_name:
+        raise OpenAIError(
+            404,
+            f"the model {model!r} does not exist; this server serves {state.served_model_name!r}",
+            "model",
+        )
+    if priority != 0 and state.engine.config.scheduler.scheduling_policy != "priority":
+        raise bad_request(
+            f"priority {priority} needs the priority scheduling policy (--scheduling-policy priority); "
+            "this server schedules first come, first served",
+            "priority",
+        )
+
+
+def admit(state: AppState, places: int) -> Reservation:
+    """Refuse work beyond the configured waiting-queue cap instead of queueing without bound;
+    otherwise reserve the request's places until the engine has it.
+
+    EngineCore's count of waiting requests is a step old and misses requests still being built,
+    so a burst would slip past it: requests this process has sent or is building beyond what can
+    run at once count as waiting too (the reservation keeps them counted in between).
+    """
+    scheduler = state.engine.config.scheduler
+    cap = scheduler.max_waiting_requests
+    if cap:
+        sent_beyond_running = state.engine.num_unfinished - scheduler.max_num_seqs
+        if max(state.engine.latest_stats.num_waiting, sent_beyond_running) >= cap:
+            raise OpenAIError(503, f"the server is overloaded ({cap} requests waiting); retry later")
+    return state.engine.reserve(places)
+
+
+async def prepare(reservation: Reservation, work: Awaitable[Result]) -> Result:
+    """Await the building of a request's prompts; if it fails or is cancelled, give the reserved
+    places back (a failure becomes the HTTP error a client should see)."""
+    try:
+        return await work
+    except BaseException as e:
+        reservation.release()
+        if isinstance(e, Exception):
+            raise client_error(e) from None
+        raise
+
+
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dict:
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": cached_tokens},
+    }
+
+
+def usage_of(outputs: list[RequestOutput]) -> dict:
+    """Usage summed over the final outputs of a request's prompts."""
+    return usage(
+        sum(len(output.prompt_token_ids) for output in outputs),
+        sum(len(completion.token_ids) for output in outputs for completion in output.outputs),
+        sum(output.num_cached_tokens for output in outputs),
+    )
+
+
+def sse(data: dict | str) -> str:
+    return f"data: {data if isinstance(data, str) else json.dumps(data, ensure_ascii=False)}\n\n"
+
+
+def chunk_base(generation: Generation, prefix: str, kind: str) -> dict:
+    """The fields every streamed chunk (or the response body) of a request carries."""
+    return {
+        "id": f"{prefix}-{generation.id_base}",
+        "object": kind,
+        "created": generation.created,
+        "model": generation.state.served_model_name,
+    }
+
+
+class Generation:
+    """One client request: one or more prompts (completions may batch), each with n choices."""
+
+    def __init__(
+        self,
+        state: AppState,
+        prompts: list[ProcessedPrompt],
+        params: SamplingParams,
+        priority: int,
+        reservation: Reservation,
+    ) -> None:
+        self.state = state
+        self.prompts = prompts
+        self.reservation = reservation
+        self.params = params
+        self.priority = priority
+        self.id_base = uuid.uuid4().hex
+        self.created = int(time.time())
+        self.start = time.monotonic()
+
+    def streams(self) -> list[AsyncIterator[RequestOutput]]:
+        return [
+            self.state.engine.generate(
+                f"{self.id_base}-{index}", prompt, self.params, self.priority, self.reservation
+            )
+            for index, prompt in enumerate(self.prompts)
+        ]
+
+    async def final_outputs(self) -> list[RequestOutput]:
+        async def last(stream: AsyncIterator[RequestOutput]) -> RequestOutput:
+            result = None
+            async for result in stream:  # the last snapshot is the final one
+                self._observe(result)
+            return result
+
+        try:
+            outputs = await asyncio.gather(*(last(stream) for stream in self.streams()))
+        finally:
+            self.forget()
+        for output in outputs:
+            if output.error:
+                raise bad_request(output.error)
+        return outputs
+
+    async def merged_stream(self) -> AsyncIterator[tuple[int, RequestOutput]]:
+        """(prompt index, snapshot) from all prompts as they arrive."""
+        queue: asyncio.Queue = asyncio.Queue()
+
+        async def pump(index: int, stream: AsyncIterator[RequestOutput]) -> None:
+            try:
+                async for snapshot in stream:
+                    self._observe(snapshot)
+                    await queue.put((index, snapshot))
+            except BaseException as e:
+                await queue.put((index, e))
+                raise
+
+        tasks = [asyncio.create_task(pump(index, stream)) for index, stream in enumerate(self.streams())]
+        try:
+            remaining = len(tasks)
+            while remaining:
+                index, item = await queue.get()
+                if isinstance(item, BaseException):
+                    raise item
+                if item.finished:
+                    remaining -= 1
+                yield index, item
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            self.forget()
+
+    def _observe(self, snapshot: RequestOutput) -> None:
+        self.state.metrics.observe_request(snapshot, self.start)
+
+    def forget(self) -> None:
+        """Give back reserved places never taken and drop per-request metric state of prompts
+        that ended unfinished (client gone)."""
+        self.reservation.release()
+        for index in range(len(self.prompts)):
+            self.state.metrics.forget(f"{self.id_base}-{index}")

@@ -1,0 +1,97 @@
+"""ASGI middleware of the API server: the request body size limit and API-key authentication.
+
+Both are plain ASGI (not Starlette's BaseHTTPMiddleware), so they pass the request's `receive`
+through untouched: a handler still sees its client disconnect (see `disconnect.py`).
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+
+from starlette.datastructures import Headers
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from mmserve.entrypoints.openai.errors import OpenAIError, error_body
+
+
+class BodySizeLimit:
+    """413 for a body over the limit, by header or as it streams in.
+
+    A body that outgrows the limit while streaming (no Content-Length, e.g. chunked) is answered
+    here, and the app then sees the client as gone: it never gets the rest, and anything it
+    would still send is dropped, so exactly one response goes out.
+    """
+
+    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        declared = dict(scope.get("headers") or []).get(b"content-length")
+        if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
+            return await _send_json(send, 413, self._too_large())
+        seen = 0
+        started = False  # the app began its response (then it is too late to send a 413)
+        rejected = False
+
+        async def limited_receive() -> Message:
+            nonlocal seen, rejected
+            if rejected:
+                return {"type": "http.disconnect"}
+            message = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > self.max_bytes:
+                    rejected = True
+                    if not started:
+                        await _send_json(send, 413, self._too_large())
+                    return {"type": "http.disconnect"}
+            return message
+
+        async def guarded_send(message: Message) -> None:
+            nonlocal started
+            if rejected:
+                return
+            started = True
+            await send(message)
+
+        await self.app(scope, limited_receive, guarded_send)
+
+    def _too_large(self) -> dict:
+        return error_body(413, f"request body exceeds {self.max_bytes} bytes")
+
+
+class ApiKeyAuth:
+    """401 unless a request to a protected route (`needs_key`) carries 'Authorization: Bearer
+    KEY'. The key is compared in constant time, so response timing does not reveal it."""
+
+    def __init__(self, app: ASGIApp, api_key: str) -> None:
+        self.app = app
+        self._key = api_key.encode()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and needs_key(scope["path"]) and not self._authorized(scope):
+            response = OpenAIError(401, "missing or invalid API key").response()
+            return await response(scope, receive, send)
+        await self.app(scope, receive, send)
+
+    def _authorized(self, scope: Scope) -> bool:
+        header = Headers(scope=scope).get("authorization", "")
+        supplied = header[len("Bearer ") :] if header.startswith("Bearer ") else ""
+        return hmac.compare_digest(supplied.encode(), self._key)
+
+
+def needs_key(path: str) -> bool:
+    """The OpenAI routes and the tokenizer routes; /health, /metrics and the chat page are open."""
+    return path.startswith("/v1/") or path in ("/tokenize", "/detokenize")
+
+
+async def _send_json(send: Send, status: int, body: dict) -> None:
+    payload = json.dumps(body).encode()
+    await send(
+        {"type": "http.response.start", "status": status, "headers": [(b"content-type", b"application/json")]}
+    )
+    await send({"type": "http.response.body", "body": payload})

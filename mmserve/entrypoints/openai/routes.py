@@ -1,0 +1,123 @@
+"""The API server's routes. Each reaches the shared `AppState` through the `State` dependency;
+the JSON routes parse their own bodies (`parse_body`) and publish the schema (`json_body`)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Request
+from fastapi.responses import FileResponse, JSONResponse, Response, StreamingResponse
+
+from mmserve.entrypoints.openai.disconnect import until_disconnected
+from mmserve.entrypoints.openai.errors import OpenAIError, bad_request
+from mmserve.entrypoints.openai.generation import Generation, client_error
+from mmserve.entrypoints.openai.parsing import json_body, parse_body
+from mmserve.entrypoints.openai.schemas import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    DetokenizeRequest,
+    TokenizeRequest,
+)
+from mmserve.entrypoints.openai.serving import (
+    build_chat,
+    build_completion,
+    chat_response,
+    chat_stream,
+    completion_response,
+    completion_stream,
+)
+from mmserve.entrypoints.openai.state import AppState, app_state
+
+WEB_DIR = Path(__file__).resolve().parents[2] / "web"
+
+router = APIRouter()
+State = Annotated[AppState, Depends(app_state)]
+
+
+@router.get("/health")
+async def health(state: State) -> Response:
+    if state.engine.dead:
+        return OpenAIError(503, "the engine is not running").response()
+    return JSONResponse({})
+
+
+@router.get("/v1/models")
+async def models(state: State) -> dict:
+    model = state.engine.config.model
+    card = {
+        "id": state.served_model_name,
+        "object": "model",
+        "created": state.created,
+        "owned_by": "mmserve",
+        "root": str(model.path),
+        "max_model_len": model.max_model_len,
+    }
+    return {"object": "list", "data": [card]}
+
+
+@router.get("/metrics")
+async def metrics(state: State) -> Response:
+    stats = state.frontend.pool.stats()
+    state.metrics.update_preprocess(stats.cache_queries, stats.cache_hits)
+    return Response(state.metrics.render(), media_type="text/plain; version=0.0.4")
+
+
+@router.post("/v1/chat/completions", openapi_extra=json_body(ChatCompletionRequest))
+async def chat_completions(raw: Request, state: State) -> Response:
+    request = await parse_body(raw, ChatCompletionRequest)
+    return await _respond(raw, request, await build_chat(state, request), chat_stream, chat_response)
+
+
+@router.post("/v1/completions", openapi_extra=json_body(CompletionRequest))
+async def completions(raw: Request, state: State) -> Response:
+    request = await parse_body(raw, CompletionRequest)
+    generation = await build_completion(state, request)
+    return await _respond(raw, request, generation, completion_stream, completion_response)
+
+
+async def _respond(
+    raw: Request,
+    request: ChatCompletionRequest | CompletionRequest,
+    generation: Generation,
+    stream_body: Callable[[Generation, bool], AsyncIterator[str]],
+    response_body: Callable[[Generation], Awaitable[dict]],
+) -> Response:
+    """An SSE stream if the request asked for one, else the JSON body (abandoned, and its
+    engine requests aborted, if the client leaves first)."""
+    if request.stream:
+        include_usage = bool(request.stream_options and request.stream_options.include_usage)
+        return StreamingResponse(stream_body(generation, include_usage), media_type="text/event-stream")
+    return JSONResponse(await until_disconnected(raw, response_body(generation)))
+
+
+@router.post("/tokenize", openapi_extra=json_body(TokenizeRequest))
+async def tokenize(raw: Request, state: State) -> dict:
+    request = await parse_body(raw, TokenizeRequest)
+    inputs = state.frontend.inputs
+    try:
+        if request.messages is not None:
+            prompt = await inputs.chat_async(request.messages)
+        elif request.prompt is not None:
+            prompt = await inputs.prompt_async(request.prompt)
+        else:
+            raise bad_request("give either prompt or messages")
+    except Exception as e:
+        raise client_error(e) from None
+    max_model_len = state.engine.config.model.max_model_len
+    return {"tokens": prompt.token_ids, "count": len(prompt.token_ids), "max_model_len": max_model_len}
+
+
+@router.post("/detokenize", openapi_extra=json_body(DetokenizeRequest))
+async def detokenize(raw: Request, state: State) -> dict:
+    request = await parse_body(raw, DetokenizeRequest)
+    tokenizer = state.frontend.tokenizer
+    if any(not 0 <= token < tokenizer.vocab_size for token in request.tokens):
+        raise bad_request(f"token ids must be in [0, {tokenizer.vocab_size})", "tokens")
+    return {"prompt": tokenizer.decode(request.tokens, skip_special_tokens=False)}
+
+
+@router.get("/", include_in_schema=False)
+async def chat_page() -> FileResponse:
+    return FileResponse(WEB_DIR / "index.html")

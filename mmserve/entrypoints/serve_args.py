@@ -1,0 +1,202 @@
+"""The flags of `mmserve serve` and what they build: `EngineArgs` and `ServerConfig`.
+
+Every engine flag is the `EngineArgs` field of the same name (`--max-num-seqs` is
+`max_num_seqs`) and every server flag a `ServerConfig` field; the flags' defaults are read from
+those classes, so `--help` states what `LLM(...)` does.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import re
+from pathlib import Path
+
+from mmserve import envs
+from mmserve.config import SCHEDULING_POLICIES, EngineArgs, ServerConfig, field_default
+
+_UNITS = {"": 1, "b": 1, "k": 1e3, "kb": 1e3, "kib": 1024, "m": 1e6, "mb": 1e6, "mib": 1 << 20}
+_UNITS |= {"g": 1e9, "gb": 1e9, "gib": 1 << 30, "t": 1e12, "tb": 1e12, "tib": 1 << 40}
+
+
+def parse_bytes(text: str) -> int:
+    """'2147483648', '2GiB', '1.5 GB' → bytes."""
+    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", text)
+    if not match or match.group(2).lower() not in _UNITS:
+        raise argparse.ArgumentTypeError(f"not a size: {text!r} (e.g. 2GiB, 512MiB, 1000000)")
+    return int(float(match.group(1)) * _UNITS[match.group(2).lower()])
+
+
+def format_bytes(num_bytes: int) -> str:
+    """2147483648 → '2GiB' (whole binary units only; otherwise the number of bytes)."""
+    for unit, size in (("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if num_bytes and num_bytes % size == 0:
+            return f"{num_bytes // size}{unit}"
+    return str(num_bytes)
+
+
+def parse_limit_mm(text: str) -> dict[str, int]:
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError:
+        raise argparse.ArgumentTypeError(
+            f"--limit-mm-per-prompt takes JSON like '{{\"image\": 4}}', got {text!r}"
+        ) from None
+    if not isinstance(value, dict) or not all(
+        isinstance(count, int) and count >= 0 for count in value.values()
+    ):
+        raise argparse.ArgumentTypeError("--limit-mm-per-prompt maps modality names to counts ≥ 0")
+    return value
+
+
+def _engine_flag(group: argparse._ArgumentGroup, name: str, help_text: str, **options) -> None:
+    """--name-with-dashes for the EngineArgs field `name`, with that field's default."""
+    flag = "--" + name.replace("_", "-")
+    group.add_argument(flag, default=field_default(EngineArgs, name), help=help_text, **options)
+
+
+def _server_flag(group: argparse._ArgumentGroup, flag: str, name: str, help_text: str, **options) -> None:
+    """`flag` for the ServerConfig field `name`, with that field's default."""
+    group.add_argument(flag, default=field_default(ServerConfig, name), help=help_text, **options)
+
+
+def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "model", nargs="?", default=None, help="Hugging Face model folder (default: the bundled demo model)."
+    )
+    _add_server_arguments(parser.add_argument_group("server"))
+    _add_scheduler_arguments(parser.add_argument_group("model and scheduling"))
+    _add_cache_arguments(parser.add_argument_group("KV cache"))
+    _add_multimodal_arguments(parser.add_argument_group("images"))
+
+
+def _add_server_arguments(group: argparse._ArgumentGroup) -> None:
+    _server_flag(group, "--host", "host", "Address to listen on (default %(default)s).")
+    _server_flag(group, "--port", "port", "Port to listen on (default %(default)s).", type=int)
+    group.add_argument(
+        "--served-model-name", default=None, help="Model id in the API (default: the folder's name)."
+    )
+    _server_flag(
+        group,
+        "--api-key",
+        "api_key",
+        "Require 'Authorization: Bearer KEY' on /v1 routes (or set MMSERVE_API_KEY).",
+    )
+    _server_flag(
+        group,
+        "--allowed-local-media-path",
+        "allowed_local_media_path",
+        "Directory whose files may be sent as file:// images.",
+    )
+    _server_flag(
+        group,
+        "--allowed-media-domains",
+        "allowed_media_domains",
+        "Hosts from which http(s) images may be fetched.",
+        nargs="*",
+    )
+    max_body = format_bytes(field_default(ServerConfig, "max_body_bytes"))
+    _server_flag(
+        group,
+        "--max-request-body",
+        "max_body_bytes",
+        f"Largest request body accepted; larger ones get 413 (default {max_body}).",
+        type=parse_bytes,
+    )
+    group.add_argument("--log-level", default=envs.log_level(), help="debug, info, warning or error.")
+
+
+def _add_scheduler_arguments(group: argparse._ArgumentGroup) -> None:
+    _engine_flag(group, "dtype", "auto (the checkpoint's), float32, bfloat16 or float16.")
+    _engine_flag(group, "max_model_len", "Context length (default: the model's).", type=int)
+    _engine_flag(group, "max_num_seqs", "Most requests running at once (default %(default)s).", type=int)
+    _engine_flag(
+        group, "max_num_batched_tokens", "Token budget of one engine step (default %(default)s).", type=int
+    )
+    _engine_flag(
+        group,
+        "long_prefill_token_threshold",
+        "Most prompt tokens one request may take in a step; 0 = no cap.",
+        type=int,
+    )
+    _engine_flag(
+        group,
+        "max_waiting_requests",
+        "Refuse new requests (503) beyond this many waiting; 0 = no cap.",
+        type=int,
+    )
+    _engine_flag(
+        group,
+        "scheduling_policy",
+        "fcfs: first come, first served (requests may not set a priority); priority: lowest "
+        "'priority' field first, then arrival (default %(default)s).",
+        choices=SCHEDULING_POLICIES,
+    )
+    _engine_flag(
+        group,
+        "encoder_compute_budget",
+        "Image embeddings encoded per step; 0 = the largest image's.",
+        type=int,
+    )
+    _engine_flag(
+        group,
+        "encoder_cache_size",
+        "Image embeddings kept in the encoder cache; 0 = derived from the budgets.",
+        type=int,
+    )
+    _engine_flag(group, "seed", "Seed of the engine's random state (default %(default)s).", type=int)
+    _engine_flag(group, "device", "cpu or cuda (default: cuda when there is one).")
+
+
+def _add_cache_arguments(group: argparse._ArgumentGroup) -> None:
+    _engine_flag(group, "block_size", "Tokens per KV cache block (default %(default)s).", type=int)
+    kv_cache_memory = format_bytes(field_default(EngineArgs, "kv_cache_memory"))
+    _engine_flag(
+        group, "kv_cache_memory", f"KV cache size, e.g. 2GiB (default {kv_cache_memory}).", type=parse_bytes
+    )
+    _engine_flag(group, "num_kv_blocks", "KV cache size in blocks; overrides --kv-cache-memory.", type=int)
+    _engine_flag(
+        group,
+        "enable_prefix_caching",
+        "Reuse KV blocks of earlier requests with the same prefix (images included). On by default.",
+        action=argparse.BooleanOptionalAction,
+    )
+
+
+def _add_multimodal_arguments(group: argparse._ArgumentGroup) -> None:
+    limit = json.dumps(field_default(EngineArgs, "limit_mm_per_prompt"))
+    _engine_flag(
+        group,
+        "limit_mm_per_prompt",
+        f"""JSON, e.g. '{{"image": 4}}' (default '{limit}').""",
+        type=parse_limit_mm,
+    )
+    _engine_flag(
+        group,
+        "mm_processor_cache_gb",
+        "Size of the preprocessed-image cache (default %(default)s).",
+        type=float,
+    )
+    _engine_flag(
+        group,
+        "preprocess_workers",
+        "Image preprocessing processes (default min(4, cores); 0 = inline).",
+        type=int,
+    )
+
+
+def engine_args_from_cli(args: argparse.Namespace) -> EngineArgs:
+    return EngineArgs(**{spec.name: getattr(args, spec.name) for spec in dataclasses.fields(EngineArgs)})
+
+
+def server_config_from_cli(args: argparse.Namespace) -> ServerConfig:
+    return ServerConfig(
+        served_model_name=args.served_model_name or Path(args.model).name,
+        host=args.host,
+        port=args.port,
+        api_key=args.api_key or envs.api_key(),
+        allowed_local_media_path=args.allowed_local_media_path,
+        allowed_media_domains=tuple(args.allowed_media_domains),
+        max_body_bytes=args.max_request_body,
+    )
