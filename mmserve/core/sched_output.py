@@ -44,7 +44,9 @@ class SchedulerOutput:
     scheduled_cached_reqs: CachedRequestData
     num_scheduled_tokens: dict[str, int]  # the step's decision: request id → tokens to compute
     total_num_scheduled_tokens: int
-    scheduled_encoder_inputs: dict[str, list[int]]  # request id → indices of mm_features to encode now
+    # request id → indices of mm_features to encode now: each mm_hash at most once per step, and
+    # never one the runner still holds (frees of this step are in free_encoder_mm_hashes)
+    scheduled_encoder_inputs: dict[str, list[int]]
     dropped_req_ids: set[str]  # finished, aborted or preempted — the runner drops their state
     free_encoder_mm_hashes: list[str]  # embeddings the runner may drop from its encoder cache
 

@@ -7,7 +7,7 @@ moves the last row into its hole, so per-step work is slicing, not searching.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -28,7 +28,6 @@ class RequestState:
     mrope_positions: np.ndarray  # [3, num_prompt_tokens] int64
     mrope_delta: int  # position of token i ≥ num_prompt_tokens is i + delta
     mm_end: int  # end of the last image's placeholders; positions before it come from the table
-    block_ids: list[int] = field(default_factory=list)
 
     @property
     def num_tokens(self) -> int:
@@ -55,7 +54,7 @@ class InputBatch:
     def num_reqs(self) -> int:
         return len(self.req_ids)
 
-    def add(self, state: RequestState, num_computed_tokens: int) -> int:
+    def add(self, state: RequestState, num_computed_tokens: int, block_ids: list[int]) -> int:
         if self.num_reqs == self.max_num_reqs:
             raise RuntimeError(f"persistent batch is full ({self.max_num_reqs} requests)")
         row = self.num_reqs
@@ -73,7 +72,7 @@ class InputBatch:
         self.req_ids.append(state.req_id)
         self.row_of[state.req_id] = row
         self.states[state.req_id] = state
-        self.append_blocks(state.req_id, state.block_ids, record=False)
+        self.append_blocks(state.req_id, block_ids)
         return row
 
     def remove(self, req_id: str) -> None:
@@ -99,15 +98,13 @@ class InputBatch:
             self.row_of[moved] = row
         self.req_ids.pop()
 
-    def append_blocks(self, req_id: str, block_ids: list[int], record: bool = True) -> None:
+    def append_blocks(self, req_id: str, block_ids: list[int]) -> None:
         if not block_ids:
             return
         row = self.row_of[req_id]
         start = self.num_blocks[row]
         self.block_table[row, start : start + len(block_ids)] = block_ids
         self.num_blocks[row] = start + len(block_ids)
-        if record:
-            self.states[req_id].block_ids.extend(block_ids)
 
     def append_token(self, row: int, token_id: int) -> None:
         n = self.num_tokens[row]

@@ -73,21 +73,22 @@ class ModelRunner:
         embeds = self._embed(inputs)
         hidden = self.model(embeds, inputs.positions, self.kv_caches, inputs.attn_metadata)
         output = self._sample(inputs, hidden)
+        self._advance_batch(inputs, output)
         output.num_encoder_runs = num_encoded
         return output
 
-    def _update_states(self, so: SchedulerOutput) -> None:
-        for req_id in so.dropped_req_ids:
+    def _update_states(self, scheduler_output: SchedulerOutput) -> None:
+        for req_id in scheduler_output.dropped_req_ids:
             if req_id in self.batch.row_of:
                 self.batch.remove(req_id)
-        self.encoder_cache.free(so.free_encoder_mm_hashes)
-        cached = so.scheduled_cached_reqs
+        self.encoder_cache.free(scheduler_output.free_encoder_mm_hashes)
+        cached = scheduler_output.scheduled_cached_reqs
         for req_id, new_blocks, num_computed in zip(
             cached.req_ids, cached.new_block_ids, cached.num_computed_tokens
         ):
             self.batch.append_blocks(req_id, new_blocks)
             self.batch.num_computed_tokens[self.batch.row_of[req_id]] = num_computed
-        for new in so.scheduled_new_reqs:
+        for new in scheduler_output.scheduled_new_reqs:
             self._add_request(new)
 
     def _add_request(self, new: NewRequestData) -> None:
@@ -99,19 +100,16 @@ class ModelRunner:
             new.sampling_params,
             self.model_config.vision.spatial_merge_size,
         )
-        state.block_ids = list(new.block_ids)
-        self.batch.add(state, new.num_computed_tokens)
+        self.batch.add(state, new.num_computed_tokens, new.block_ids)
 
-    def _run_encoder(self, so: SchedulerOutput) -> int:
-        """Encode, in one vision-tower call, every image scheduled this step that is not cached."""
-        features = []
-        for req_id, indices in so.scheduled_encoder_inputs.items():
-            for index in indices:
-                feature = self.batch.states[req_id].mm_features[index]
-                if feature.mm_hash not in self.encoder_cache and all(
-                    f.mm_hash != feature.mm_hash for f in features
-                ):
-                    features.append(feature)
+    def _run_encoder(self, scheduler_output: SchedulerOutput) -> int:
+        """Encode, in one vision-tower call, every image scheduled for encoding this step (the
+        scheduler lists each image once, and only images this cache does not hold)."""
+        features = [
+            self.batch.states[req_id].mm_features[index]
+            for req_id, indices in scheduler_output.scheduled_encoder_inputs.items()
+            for index in indices
+        ]
         if not features:
             return 0
         for f in features:
@@ -135,7 +133,8 @@ class ModelRunner:
         return embeds
 
     def _sample(self, inputs: StepInputs, hidden: torch.Tensor) -> ModelRunnerOutput:
-        """Sample for the requests that computed their last known token; append to the batch."""
+        """One token for each request that computed its last known token this step; the others
+        (mid-prefill) get an empty list."""
         sampled_rows = inputs.rows[inputs.sample_mask]
         sampled_token_ids: list[list[int]] = [[] for _ in inputs.req_ids]
         logprobs: dict[str, LogprobsLists] = {}
@@ -146,20 +145,22 @@ class ModelRunner:
             )
             result = self.sampler(logits, metadata)
             positions = np.nonzero(inputs.sample_mask)[0]
-            for i, (pos, row, token) in enumerate(
-                zip(positions, sampled_rows, result.sampled_token_ids.tolist())
-            ):
+            for i, (pos, token) in enumerate(zip(positions, result.sampled_token_ids.tolist())):
                 req_id = inputs.req_ids[pos]
                 sampled_token_ids[pos] = [token]
-                self.batch.append_token(int(row), token)
                 num_logprobs = self.batch.states[req_id].sampling_params.logprobs
                 if result.logprobs_tensors is not None and num_logprobs is not None:
                     logprobs[req_id] = _logprobs_row(result.logprobs_tensors, i, num_logprobs)
-        self.batch.num_computed_tokens[inputs.rows] += inputs.num_scheduled
         return ModelRunnerOutput(
             req_ids=inputs.req_ids, sampled_token_ids=sampled_token_ids, logprobs=logprobs
         )
 
+    def _advance_batch(self, inputs: StepInputs, output: ModelRunnerOutput) -> None:
+        """The step is done: its tokens are computed and the sampled ones join their requests."""
+        self.batch.num_computed_tokens[inputs.rows] += inputs.num_scheduled
+        for row, tokens in zip(inputs.rows, output.sampled_token_ids):
+            for token in tokens:
+                self.batch.append_token(int(row), token)
 
 def _logprobs_row(tensors: LogprobsTensors, i: int, k: int) -> LogprobsLists:
     return LogprobsLists(
