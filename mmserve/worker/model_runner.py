@@ -162,6 +162,7 @@ class ModelRunner:
             for token in tokens:
                 self.batch.append_token(int(row), token)
 
+
 def _logprobs_row(tensors: LogprobsTensors, i: int, k: int) -> LogprobsLists:
     return LogprobsLists(
         token_ids=[tensors.logprob_token_ids[i, : k + 1].tolist()],
