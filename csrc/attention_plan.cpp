@@ -1,0 +1,88 @@
+#include "attention_plan.h"
+
+#include <algorithm>
+#include <limits>
+
+namespace mmserve::attention {
+namespace {
+
+constexpr int kTargetRows = 32;         // query rows (tokens × heads of a group) per item
+constexpr int64_t kMinSplitKeys = 256;  // below this a split's merge overhead is not worth it
+constexpr int64_t kSplitAlign = 64;     // split boundaries fall on key tiles
+constexpr int64_t kItemsPerThread = 4;  // enough items for the shared counter to balance load
+constexpr int64_t kItemOverhead = 64;   // per-item cost (packing queries, writing results) in keys
+
+struct Tile {
+  int32_t sequence;
+  int32_t query_offset;
+  int32_t num_queries;
+  int64_t key_end;
+  int64_t cost;
+};
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+std::vector<Tile> query_tiles(const std::vector<Sequence>& sequences, int tokens_per_tile,
+                              int rows_per_token) {
+  std::vector<Tile> tiles;
+  for (int32_t s = 0; s < static_cast<int32_t>(sequences.size()); ++s) {
+    const Sequence& seq = sequences[s];
+    for (int32_t offset = 0; offset < seq.num_queries; offset += tokens_per_tile) {
+      const int32_t count = std::min(tokens_per_tile, seq.num_queries - offset);
+      const int64_t key_end = seq.causal ? seq.num_keys - seq.num_queries + offset + count : seq.num_keys;
+      const int64_t cost = static_cast<int64_t>(count) * rows_per_token * (key_end + kItemOverhead);
+      tiles.push_back({s, offset, count, key_end, cost});
+    }
+  }
+  return tiles;
+}
+
+// Keys per split, so that no item's cost is much above `target_cost` (key_end: no split).
+int64_t split_length(const Tile& tile, int64_t target_cost) {
+  if (tile.cost <= target_cost) return tile.key_end;
+  const int64_t wanted = std::min(ceil_div(tile.cost, target_cost), tile.key_end / kMinSplitKeys);
+  if (wanted < 2) return tile.key_end;
+  return ceil_div(ceil_div(tile.key_end, wanted), kSplitAlign) * kSplitAlign;
+}
+
+}  // namespace
+
+Plan make_plan(const std::vector<Sequence>& sequences, int num_head_groups, int rows_per_token,
+               int num_threads) {
+  Plan plan;
+  const int tokens_per_tile = std::max(1, kTargetRows / rows_per_token);
+  const std::vector<Tile> tiles = query_tiles(sequences, tokens_per_tile, rows_per_token);
+  int64_t total_cost = 0;
+  for (const Tile& tile : tiles) {
+    total_cost += tile.cost * num_head_groups;
+    plan.max_rows = std::max(plan.max_rows, tile.num_queries * rows_per_token);
+  }
+  const int64_t target_cost = num_threads > 1
+                                  ? std::max<int64_t>(1, total_cost / (num_threads * kItemsPerThread))
+                                  : std::numeric_limits<int64_t>::max();
+  for (const Tile& tile : tiles) {
+    const int64_t split_len = split_length(tile, target_cost);
+    const int64_t splits = ceil_div(tile.key_end, split_len);
+    for (int32_t group = 0; group < num_head_groups; ++group) {
+      if (splits == 1) {
+        plan.items.push_back(
+            {tile.sequence, group, tile.query_offset, tile.num_queries, 0, tile.key_end, -1, tile.cost});
+        continue;
+      }
+      plan.merges.push_back({tile.sequence, group, tile.query_offset, tile.num_queries, plan.num_partials,
+                             static_cast<int32_t>(splits)});
+      for (int64_t split = 0; split < splits; ++split) {
+        const int64_t begin = split * split_len;
+        const int64_t end = std::min(tile.key_end, begin + split_len);
+        const int64_t cost = static_cast<int64_t>(tile.num_queries) * rows_per_token * (end - begin + kItemOverhead);
+        plan.items.push_back(
+            {tile.sequence, group, tile.query_offset, tile.num_queries, begin, end, plan.num_partials++, cost});
+      }
+    }
+  }
+  std::stable_sort(plan.items.begin(), plan.items.end(),
+                   [](const WorkItem& a, const WorkItem& b) { return a.cost > b.cost; });
+  return plan;
+}
+
+}  // namespace mmserve::attention
