@@ -21,6 +21,7 @@ struct PagedKeys {
   int64_t block_size;
   int64_t block_stride;  // elements per block
   int64_t token_stride;  // elements per token within a block
+  int64_t head_stride;   // elements from one kv head's row to the next one's
 
   void fill(int64_t begin, int count, const kv_t** k, const kv_t** v) const {
     int64_t block = begin / block_size;
@@ -45,6 +46,7 @@ struct DenseKeys {
   const kv_t* values;
   int64_t key_stride;  // elements between consecutive tokens
   int64_t value_stride;
+  int64_t head_stride;  // 0: varlen items hold one head each
 
   void fill(int64_t begin, int count, const kv_t** k, const kv_t** v) const {
     for (int n = 0; n < count; ++n) {
@@ -59,7 +61,7 @@ struct DenseKeys {
 void paged_attention(const PagedAttentionArgs& args) {
   const int group = static_cast<int>(args.num_heads / args.num_kv_heads);
   const attention::Plan plan = attention::make_plan(args.sequences, static_cast<int>(args.num_kv_heads),
-                                                    group, at::get_num_threads());
+                                                    group, at::get_num_threads(), true);
   const attention::Problem problem{&args.sequences, group, static_cast<int>(args.head_dim), args.scale};
   const int64_t token_stride = args.num_kv_heads * args.head_dim;
   const int64_t plane = args.num_blocks * args.block_size * token_stride;
@@ -69,8 +71,9 @@ void paged_attention(const PagedAttentionArgs& args) {
       using kv_t = decltype(kv_tag);
       const kv_t* keys = static_cast<const kv_t*>(args.kv_cache);
       auto make_keys = [&](int32_t sequence, int32_t kv_head) {
-        return PagedKeys<kv_t>{keys + kv_head * args.head_dim, plane, args.block_tables[sequence],
-                               args.block_size, args.block_size * token_stride, token_stride};
+        return PagedKeys<kv_t>{keys + kv_head * args.head_dim,      plane, args.block_tables[sequence],
+                               args.block_size, args.block_size * token_stride, token_stride,
+                               args.head_dim};
       };
       attention::run_plan<q_t>(plan, problem, typed<const q_t>(args.query), typed<q_t>(args.out), make_keys);
     });
@@ -79,7 +82,7 @@ void paged_attention(const PagedAttentionArgs& args) {
 
 void varlen_attention(const VarlenAttentionArgs& args) {
   const attention::Plan plan =
-      attention::make_plan(args.sequences, static_cast<int>(args.num_heads), 1, at::get_num_threads());
+      attention::make_plan(args.sequences, static_cast<int>(args.num_heads), 1, at::get_num_threads(), false);
   const attention::Problem problem{&args.sequences, 1, static_cast<int>(args.head_dim), args.scale};
   dispatch_dtype(args.query.dtype, [&](auto tag) {
     using T = decltype(tag);
@@ -87,7 +90,7 @@ void varlen_attention(const VarlenAttentionArgs& args) {
     const attention::RowView<const T> value = typed<const T>(args.value);
     auto make_keys = [&](int32_t sequence, int32_t head) {
       const int64_t first = args.sequences[sequence].query_begin;
-      return DenseKeys<T>{key.row(first, head), value.row(first, head), key.token_stride, value.token_stride};
+      return DenseKeys<T>{key.row(first, head), value.row(first, head), key.token_stride, value.token_stride, 0};
     };
     attention::run_plan<T>(plan, problem, typed<const T>(args.query), typed<T>(args.out), make_keys);
   });

@@ -45,10 +45,38 @@ int64_t split_length(const Tile& tile, int64_t target_cost) {
   return ceil_div(ceil_div(tile.key_end, wanted), kSplitAlign) * kSplitAlign;
 }
 
+// One item per key split of `tile` for head groups [first_group, first_group + num_groups).
+void add_items(Plan& plan, const Tile& tile, int32_t first_group, int32_t num_groups, int rows_per_token,
+               int64_t target_cost) {
+  Tile items_tile = tile;
+  items_tile.cost = tile.cost * num_groups;
+  const int64_t split_len = split_length(items_tile, target_cost);
+  const int64_t splits = ceil_div(tile.key_end, split_len);
+  if (splits == 1) {
+    plan.items.push_back({tile.sequence, first_group, num_groups, tile.query_offset, tile.num_queries, 0,
+                          tile.key_end, -1, 0, items_tile.cost});
+    return;
+  }
+  // Partial slot of split s and group g: base + g * splits + s, so each merge reads consecutive slots.
+  const int64_t base = plan.num_partials;
+  for (int32_t g = 0; g < num_groups; ++g)
+    plan.merges.push_back({tile.sequence, first_group + g, tile.query_offset, tile.num_queries, base + g * splits,
+                           static_cast<int32_t>(splits)});
+  for (int64_t split = 0; split < splits; ++split) {
+    const int64_t begin = split * split_len;
+    const int64_t end = std::min(tile.key_end, begin + split_len);
+    const int64_t cost =
+        static_cast<int64_t>(tile.num_queries) * rows_per_token * num_groups * (end - begin + kItemOverhead);
+    plan.items.push_back({tile.sequence, first_group, num_groups, tile.query_offset, tile.num_queries, begin, end,
+                          base + split, splits, cost});
+  }
+  plan.num_partials += splits * num_groups;
+}
+
 }  // namespace
 
 Plan make_plan(const std::vector<Sequence>& sequences, int num_head_groups, int rows_per_token,
-               int num_threads) {
+               int num_threads, bool group_heads) {
   Plan plan;
   const int tokens_per_tile = std::max(1, kTargetRows / rows_per_token);
   const std::vector<Tile> tiles = query_tiles(sequences, tokens_per_tile, rows_per_token);
@@ -61,24 +89,13 @@ Plan make_plan(const std::vector<Sequence>& sequences, int num_head_groups, int 
                                   ? std::max<int64_t>(1, total_cost / (num_threads * kItemsPerThread))
                                   : std::numeric_limits<int64_t>::max();
   for (const Tile& tile : tiles) {
-    const int64_t split_len = split_length(tile, target_cost);
-    const int64_t splits = ceil_div(tile.key_end, split_len);
-    for (int32_t group = 0; group < num_head_groups; ++group) {
-      if (splits == 1) {
-        plan.items.push_back(
-            {tile.sequence, group, tile.query_offset, tile.num_queries, 0, tile.key_end, -1, tile.cost});
-        continue;
-      }
-      plan.merges.push_back({tile.sequence, group, tile.query_offset, tile.num_queries, plan.num_partials,
-                             static_cast<int32_t>(splits)});
-      for (int64_t split = 0; split < splits; ++split) {
-        const int64_t begin = split * split_len;
-        const int64_t end = std::min(tile.key_end, begin + split_len);
-        const int64_t cost = static_cast<int64_t>(tile.num_queries) * rows_per_token * (end - begin + kItemOverhead);
-        plan.items.push_back(
-            {tile.sequence, group, tile.query_offset, tile.num_queries, begin, end, plan.num_partials++, cost});
-      }
+    // Small tiles (decode rows) are memory-bound: one sweep over the context for all kv heads.
+    if (group_heads && tile.num_queries * rows_per_token < kTargetRows) {
+      add_items(plan, tile, 0, num_head_groups, rows_per_token, target_cost);
+      continue;
     }
+    for (int32_t group = 0; group < num_head_groups; ++group)
+      add_items(plan, tile, group, 1, rows_per_token, target_cost);
   }
   std::stable_sort(plan.items.begin(), plan.items.end(),
                    [](const WorkItem& a, const WorkItem& b) { return a.cost > b.cost; });

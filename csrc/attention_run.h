@@ -36,40 +36,58 @@ struct Problem {
   float scale;
 };
 
-inline FlashTile& thread_tile() {
-  static thread_local FlashTile tile;
-  return tile;
+// Per-thread tile states, one per head group of the largest item seen; reused across calls.
+inline FlashTile* thread_tiles(int count) {
+  static thread_local std::vector<FlashTile> tiles;
+  if (static_cast<int>(tiles.size()) < count) tiles.resize(count);
+  return tiles.data();
+}
+
+// Packs the item's query rows of head group `group` (tokens × heads of the group) into `tile`.
+template <typename q_t>
+void load_queries(FlashTile& tile, const WorkItem& item, int group, const Problem& problem,
+                  const RowView<const q_t>& query) {
+  const Sequence& seq = (*problem.sequences)[item.sequence];
+  const int heads = problem.rows_per_token;
+  tile.reset(item.num_queries * heads, problem.head_dim);
+  for (int t = 0; t < item.num_queries; ++t) {
+    const int64_t last_key =
+        seq.causal ? seq.num_keys - seq.num_queries + item.query_offset + t : seq.num_keys - 1;
+    for (int h = 0; h < heads; ++h) {
+      const q_t* src = query.row(seq.query_begin + item.query_offset + t, static_cast<int64_t>(group) * heads + h);
+      tile.set_query(t * heads + h, src, problem.scale, last_key);
+    }
+  }
+}
+
+// Normalised rows into out, or the unnormalised state into the item's partial slot.
+template <typename q_t>
+void store_results(const FlashTile& tile, const WorkItem& item, int group, int64_t partial,
+                   const Problem& problem, const RowView<q_t>& out, Partials& partials) {
+  const Sequence& seq = (*problem.sequences)[item.sequence];
+  const int heads = problem.rows_per_token;
+  for (int row = 0; row < tile.num_rows(); ++row) {
+    if (partial < 0) {
+      tile.store_row(row, out.row(seq.query_begin + item.query_offset + row / heads,
+                                  static_cast<int64_t>(group) * heads + row % heads));
+      continue;
+    }
+    const int64_t slot = partial * partials.max_rows + row;
+    std::copy(tile.acc(row), tile.acc(row) + problem.head_dim, partials.acc.data() + slot * problem.head_dim);
+    partials.max[slot] = tile.row_max(row);
+    partials.sum[slot] = tile.row_sum(row);
+  }
 }
 
 template <typename q_t, typename Keys>
 void run_item(const WorkItem& item, const Problem& problem, const RowView<const q_t>& query,
               const RowView<q_t>& out, const Keys& keys, Partials& partials) {
-  const Sequence& seq = (*problem.sequences)[item.sequence];
-  const int group = problem.rows_per_token;
-  FlashTile& tile = thread_tile();
-  tile.reset(item.num_queries * group, problem.head_dim);
-  const int64_t first_token = seq.query_begin + item.query_offset;
-  for (int t = 0; t < item.num_queries; ++t) {
-    const int64_t last_key =
-        seq.causal ? seq.num_keys - seq.num_queries + item.query_offset + t : seq.num_keys - 1;
-    for (int g = 0; g < group; ++g) {
-      const q_t* src = query.row(first_token + t, static_cast<int64_t>(item.head_group) * group + g);
-      tile.set_query(t * group + g, src, problem.scale, last_key);
-    }
-  }
-  tile.attend(keys, item.key_begin, item.key_end);
-  for (int t = 0; t < item.num_queries; ++t) {
-    for (int g = 0; g < group; ++g) {
-      const int row = t * group + g;
-      if (item.partial < 0) {
-        tile.store_row(row, out.row(first_token + t, static_cast<int64_t>(item.head_group) * group + g));
-        continue;
-      }
-      const int64_t slot = item.partial * partials.max_rows + row;
-      std::copy(tile.acc(row), tile.acc(row) + problem.head_dim, partials.acc.data() + slot * problem.head_dim);
-      partials.max[slot] = tile.row_max(row);
-      partials.sum[slot] = tile.row_sum(row);
-    }
+  FlashTile* tiles = thread_tiles(item.num_groups);
+  for (int g = 0; g < item.num_groups; ++g) load_queries(tiles[g], item, item.head_group + g, problem, query);
+  attend(tiles, item.num_groups, keys, item.key_begin, item.key_end);
+  for (int g = 0; g < item.num_groups; ++g) {
+    const int64_t partial = item.partial < 0 ? -1 : item.partial + g * item.partial_group_stride;
+    store_results(tiles[g], item, item.head_group + g, partial, problem, out, partials);
   }
 }
 

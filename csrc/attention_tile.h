@@ -5,9 +5,9 @@
 // values are read through row pointers, so a tile may span any number of cache blocks and no
 // gathered copy of the context is made: float32 rows are read where they lie, bfloat16 rows are
 // widened into a per-thread tile buffer first. Register-blocked micro-kernels compute
-// scores = Q·Kᵀ (kRowBlock rows × kKeyBlock keys, dot products over head_dim) and acc += P·V
-// (kRowBlock rows × kDimBlock vectors of head_dim), so each K/V row is loaded once per
-// kRowBlock query rows; the query heads that share a kv head are rows of the same block.
+// scores = Q·Kᵀ and acc += P·V (attention_microkernels.h); the query heads that share a kv head
+// are rows of the same tile, so each K/V row comes from memory once per head group. The next
+// tile's rows are prefetched while the current one is computed.
 #pragma once
 
 #include <algorithm>
@@ -16,74 +16,23 @@
 #include <type_traits>
 #include <vector>
 
+#include "attention_microkernels.h"
 #include "vec.h"
 
 namespace mmserve::attention {
 
 constexpr int kKeyTile = 64;  // keys per online-softmax step
-constexpr int kRowBlock = 4;  // query rows per register block
-constexpr int kKeyBlock = 4;  // keys per register block of the score kernel
-constexpr int kDimBlock = 3;  // head_dim vectors per register block of the P·V kernel
 
-// scores[i * lds + j] = q_i · k_j for MR query rows (row stride ldq) and kKeyBlock keys.
-template <int MR>
-inline void score_block(const float* q, int ldq, const float* const* k, int head_dim, float* scores,
-                        int lds) {
-  Vec acc[MR][kKeyBlock];
-  for (int i = 0; i < MR; ++i)
-    for (int j = 0; j < kKeyBlock; ++j) acc[i][j] = Vec(0.f);
-  int d = 0;
-  for (; d + kVecSize <= head_dim; d += kVecSize) {
-    Vec kv[kKeyBlock];
-    for (int j = 0; j < kKeyBlock; ++j) kv[j] = Vec::loadu(k[j] + d);
-    for (int i = 0; i < MR; ++i) {
-      const Vec qv = Vec::loadu(q + i * ldq + d);
-      for (int j = 0; j < kKeyBlock; ++j) acc[i][j] = at::vec::fmadd(qv, kv[j], acc[i][j]);
-    }
-  }
-  for (int i = 0; i < MR; ++i) {
-    for (int j = 0; j < kKeyBlock; ++j) {
-      float sum = reduce_sum(acc[i][j]);
-      for (int t = d; t < head_dim; ++t) sum += q[i * ldq + t] * k[j][t];
-      scores[i * lds + j] = sum;
-    }
-  }
-}
+// Rows of the next tile to prefetch, a few at a time while this tile's scores are computed
+// (all at once would stall the core on its miss buffers instead of overlapping with work).
+struct NextRows {
+  const void* const* keys;
+  const void* const* values;
+  int count;
+  int64_t bytes;  // from each row pointer on
+};
 
-// acc_i[d0, d0 + DR * kVecSize) += Σ_n p_i[n] · v_n[same range] for MR rows.
-template <int MR, int DR>
-inline void pv_block(const float* p, int ldp, const float* const* v, int num_keys, float* acc, int lda,
-                     int d0) {
-  Vec sum[MR][DR];
-  for (int i = 0; i < MR; ++i)
-    for (int r = 0; r < DR; ++r) sum[i][r] = Vec::loadu(acc + i * lda + d0 + r * kVecSize);
-  for (int n = 0; n < num_keys; ++n) {
-    Vec vv[DR];
-    for (int r = 0; r < DR; ++r) vv[r] = Vec::loadu(v[n] + d0 + r * kVecSize);
-    for (int i = 0; i < MR; ++i) {
-      const Vec weight(p[i * ldp + n]);
-      for (int r = 0; r < DR; ++r) sum[i][r] = at::vec::fmadd(weight, vv[r], sum[i][r]);
-    }
-  }
-  for (int i = 0; i < MR; ++i)
-    for (int r = 0; r < DR; ++r) sum[i][r].store(acc + i * lda + d0 + r * kVecSize);
-}
-
-template <int MR>
-inline void pv_rows(const float* p, int ldp, const float* const* v, int num_keys, float* acc, int lda,
-                    int head_dim) {
-  const int num_vecs = head_dim / kVecSize;
-  int r = 0;
-  for (; r + kDimBlock <= num_vecs; r += kDimBlock)
-    pv_block<MR, kDimBlock>(p, ldp, v, num_keys, acc, lda, r * kVecSize);
-  if (num_vecs - r == 2) pv_block<MR, 2>(p, ldp, v, num_keys, acc, lda, r * kVecSize);
-  if (num_vecs - r == 1) pv_block<MR, 1>(p, ldp, v, num_keys, acc, lda, r * kVecSize);
-  for (int n = 0; n < num_keys; ++n)
-    for (int i = 0; i < MR; ++i)
-      for (int t = num_vecs * kVecSize; t < head_dim; ++t) acc[i * lda + t] += p[i * ldp + n] * v[n][t];
-}
-
-// One work item's state: up to max_rows query rows, their float32 accumulators and their
+// One head group's state: up to max_rows query rows, their float32 accumulators and their
 // running max / sum. Kept per thread and reused across items and calls.
 class FlashTile {
  public:
@@ -94,11 +43,13 @@ class FlashTile {
   template <typename q_t>
   void set_query(int i, const q_t* src, float scale, int64_t last_key);
 
-  // Attends keys [key_begin, key_end) read through `keys.fill(begin, count, k_rows, v_rows)`.
-  template <typename Keys>
-  void attend(const Keys& keys, int64_t key_begin, int64_t key_end);
+  // Attends one tile of count ≤ kKeyTile keys whose first has absolute index `begin`.
+  template <typename kv_t>
+  void attend_tile(const kv_t* const* k_src, const kv_t* const* v_src, int64_t begin, int count,
+                   const NextRows& next);
 
   int num_rows() const { return num_rows_; }
+  int head_dim() const { return head_dim_; }
   const float* acc(int i) const { return acc_.data() + static_cast<int64_t>(i) * head_dim_; }
   float row_max(int i) const { return max_[i]; }
   float row_sum(int i) const { return sum_[i]; }
@@ -110,7 +61,7 @@ class FlashTile {
  private:
   template <typename kv_t>
   void widen(const kv_t* const* rows, int count, std::vector<float>& buffer, const float** out) const;
-  void scores(const float* const* k_rows, int count);
+  void scores(const float* const* k_rows, int count, const NextRows& next);
   void mask(int64_t tile_begin, int count);
   void softmax_update(int count);
   void accumulate(const float* const* v_rows, int count);
@@ -128,10 +79,9 @@ class FlashTile {
 inline void FlashTile::reset(int num_rows, int head_dim) {
   num_rows_ = num_rows;
   head_dim_ = head_dim;
-  const int64_t padded_rows = (num_rows + kRowBlock - 1) / kRowBlock * kRowBlock;
-  query_.assign(padded_rows * head_dim, 0.f);
-  acc_.assign(padded_rows * head_dim, 0.f);
-  scores_.resize(padded_rows * kKeyTile);
+  query_.assign(static_cast<int64_t>(num_rows) * head_dim, 0.f);
+  acc_.assign(static_cast<int64_t>(num_rows) * head_dim, 0.f);
+  scores_.resize(static_cast<int64_t>(num_rows) * kKeyTile);
   max_.assign(num_rows, kNegInf);
   sum_.assign(num_rows, 0.f);
   alpha_.resize(num_rows);
@@ -161,17 +111,21 @@ inline void FlashTile::widen(const kv_t* const* rows, int count, std::vector<flo
   }
 }
 
-inline void FlashTile::scores(const float* const* k_rows, int count) {
+inline void FlashTile::scores(const float* const* k_rows, int count, const NextRows& next) {
   const int rows = num_rows_;
-  for (int j = 0; j < count; j += kKeyBlock) {
-    for (int i = 0; i < rows; i += kRowBlock) {
+  const int prefetch_per_block = (next.count + count - 1) / count * kScoreKeys;
+  for (int j = 0; j < count; j += kScoreKeys) {
+    const int first = j / kScoreKeys * prefetch_per_block;
+    const int ahead = std::clamp(next.count - first, 0, prefetch_per_block);
+    prefetch_rows(next.keys + first, ahead, next.bytes);
+    prefetch_rows(next.values + first, ahead, next.bytes);
+    for (int i = 0; i < rows; i += kScoreRows) {
       const float* q = query_.data() + static_cast<int64_t>(i) * head_dim_;
       float* s = scores_.data() + static_cast<int64_t>(i) * kKeyTile + j;
-      switch (std::min(kRowBlock, rows - i)) {
-        case 1: score_block<1>(q, head_dim_, k_rows + j, head_dim_, s, kKeyTile); break;
-        case 2: score_block<2>(q, head_dim_, k_rows + j, head_dim_, s, kKeyTile); break;
-        case 3: score_block<3>(q, head_dim_, k_rows + j, head_dim_, s, kKeyTile); break;
-        default: score_block<4>(q, head_dim_, k_rows + j, head_dim_, s, kKeyTile); break;
+      if (rows - i >= 2) {
+        score_block<2>(q, head_dim_, k_rows + j, head_dim_, s, kKeyTile);
+      } else {
+        score_block<1>(q, head_dim_, k_rows + j, head_dim_, s, kKeyTile);
       }
     }
   }
@@ -222,10 +176,10 @@ inline void FlashTile::accumulate(const float* const* v_rows, int count) {
     for (; d + kVecSize <= head_dim_; d += kVecSize) (Vec::loadu(a + d) * factor).store(a + d);
     for (; d < head_dim_; ++d) a[d] *= alpha_[i];
   }
-  for (int i = 0; i < rows; i += kRowBlock) {
+  for (int i = 0; i < rows; i += kValueRows) {
     const float* p = scores_.data() + static_cast<int64_t>(i) * kKeyTile;
     float* a = acc_.data() + static_cast<int64_t>(i) * head_dim_;
-    switch (std::min(kRowBlock, rows - i)) {
+    switch (std::min(kValueRows, rows - i)) {
       case 1: pv_rows<1>(p, kKeyTile, v_rows, count, a, head_dim_, head_dim_); break;
       case 2: pv_rows<2>(p, kKeyTile, v_rows, count, a, head_dim_, head_dim_); break;
       case 3: pv_rows<3>(p, kKeyTile, v_rows, count, a, head_dim_, head_dim_); break;
@@ -234,30 +188,60 @@ inline void FlashTile::accumulate(const float* const* v_rows, int count) {
   }
 }
 
-template <typename Keys>
-inline void FlashTile::attend(const Keys& keys, int64_t key_begin, int64_t key_end) {
-  using kv_t = typename Keys::value_type;
-  const kv_t* k_src[kKeyTile];
-  const kv_t* v_src[kKeyTile];
+template <typename kv_t>
+inline void FlashTile::attend_tile(const kv_t* const* k_src, const kv_t* const* v_src, int64_t begin, int count,
+                                   const NextRows& next) {
   const float* k_rows[kKeyTile];
   const float* v_rows[kKeyTile];
+  if constexpr (std::is_same_v<kv_t, float>) {
+    std::copy(k_src, k_src + count, k_rows);
+    std::copy(v_src, v_src + count, v_rows);
+  } else {
+    widen(k_src, count, k_buffer_, k_rows);
+    widen(v_src, count, v_buffer_, v_rows);
+  }
+  // The score kernel works on whole key blocks: pad with copies of the last row (masked).
+  const int padded = (count + kScoreKeys - 1) / kScoreKeys * kScoreKeys;
+  std::fill(k_rows + count, k_rows + padded, k_rows[count - 1]);
+  scores(k_rows, padded, next);
+  mask(begin, count);
+  softmax_update(count);
+  accumulate(v_rows, count);
+}
+
+// Attends keys [key_begin, key_end) for `num_groups` consecutive head groups, tile by tile, so
+// each token's rows of all those kv heads (adjacent in memory) are read in one sweep. `keys`
+// gives the first group's rows (fill) and the distance to the next group's (head_stride).
+template <typename Keys>
+inline void attend(FlashTile* tiles, int num_groups, const Keys& keys, int64_t key_begin, int64_t key_end) {
+  using kv_t = typename Keys::value_type;
+  const int64_t stripe_bytes =
+      ((num_groups - 1) * keys.head_stride + tiles[0].head_dim()) * static_cast<int64_t>(sizeof(kv_t));
+  const kv_t* k_src[2][kKeyTile];  // group 0's rows of this tile and of the next
+  const kv_t* v_src[2][kKeyTile];
+  const kv_t* k_group[kKeyTile];
+  const kv_t* v_group[kKeyTile];
+  int current = 0;
+  int count = static_cast<int>(std::min<int64_t>(kKeyTile, key_end - key_begin));
+  keys.fill(key_begin, count, k_src[0], v_src[0]);
   for (int64_t begin = key_begin; begin < key_end; begin += kKeyTile) {
-    const int count = static_cast<int>(std::min<int64_t>(kKeyTile, key_end - begin));
-    keys.fill(begin, count, k_src, v_src);
-    if constexpr (std::is_same_v<kv_t, float>) {
-      std::copy(k_src, k_src + count, k_rows);
-      std::copy(v_src, v_src + count, v_rows);
-    } else {
-      widen(k_src, count, k_buffer_, k_rows);
-      widen(v_src, count, v_buffer_, v_rows);
+    const int64_t next_begin = begin + kKeyTile;
+    const int next_count = static_cast<int>(std::clamp<int64_t>(key_end - next_begin, 0, kKeyTile));
+    const int next = 1 - current;
+    if (next_count > 0) keys.fill(next_begin, next_count, k_src[next], v_src[next]);
+    for (int g = 0; g < num_groups; ++g) {
+      const int first = next_count * g / num_groups;  // each group prefetches a slice of the stripes
+      const NextRows ahead{reinterpret_cast<const void* const*>(k_src[next] + first),
+                           reinterpret_cast<const void* const*>(v_src[next] + first),
+                           next_count * (g + 1) / num_groups - first, stripe_bytes};
+      for (int n = 0; n < count; ++n) {
+        k_group[n] = k_src[current][n] + g * keys.head_stride;
+        v_group[n] = v_src[current][n] + g * keys.head_stride;
+      }
+      tiles[g].attend_tile(k_group, v_group, begin, count, ahead);
     }
-    // The score kernel works on whole key blocks: pad with copies of the last row (masked).
-    const int padded = (count + kKeyBlock - 1) / kKeyBlock * kKeyBlock;
-    std::fill(k_rows + count, k_rows + padded, k_rows[count - 1]);
-    scores(k_rows, padded);
-    mask(begin, count);
-    softmax_update(count);
-    accumulate(v_rows, count);
+    current = next;
+    count = next_count;
   }
 }
 

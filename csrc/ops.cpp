@@ -29,13 +29,20 @@ Rows rows_of(const at::Tensor& t, const char* name, int64_t dims) {
   return {t.data_ptr(), dtype, t.stride(0), dims == 3 ? t.stride(1) : 0};
 }
 
-// A small index tensor read on the host.
+// A small index tensor read on the host (no tensor ops: this runs once per layer and step).
 std::vector<int64_t> host_indices(const at::Tensor& t, const char* name) {
   TORCH_CHECK(t.device().is_cpu() && t.dim() == 1, name, " must be a 1-D CPU tensor");
   TORCH_CHECK(t.scalar_type() == at::kInt || t.scalar_type() == at::kLong, name, " must be int32 or int64");
-  const at::Tensor values = t.to(at::kLong).contiguous();
-  const int64_t* data = values.const_data_ptr<int64_t>();
-  return std::vector<int64_t>(data, data + values.numel());
+  std::vector<int64_t> values(t.numel());
+  const int64_t stride = t.stride(0);
+  if (t.scalar_type() == at::kInt) {
+    const int32_t* data = t.const_data_ptr<int32_t>();
+    for (size_t i = 0; i < values.size(); ++i) values[i] = data[i * stride];
+  } else {
+    const int64_t* data = t.const_data_ptr<int64_t>();
+    for (size_t i = 0; i < values.size(); ++i) values[i] = data[i * stride];
+  }
+  return values;
 }
 
 void check_cache(const at::Tensor& kv_cache) {

@@ -161,24 +161,28 @@ def _build_and_load() -> None:
 
 
 _lock = threading.Lock()
-_state: dict[str, object] = {}
+_loaded: torch._ops._OpNamespace | None = None
+_error: KernelBuildError | None = None
 
 
 def ops() -> torch._ops._OpNamespace:
     """`torch.ops.mmserve_cpu`, building and loading the library on the first call.
 
     Raises KernelBuildError (the same one on every later call) when it cannot be built."""
+    global _loaded, _error
+    if _loaded is not None:  # the per-call path: no lock
+        return _loaded
     with _lock:
-        if "error" in _state:
-            raise _state["error"]  # type: ignore[misc]
-        if "loaded" not in _state:
+        if _error is not None:
+            raise _error
+        if _loaded is None:
             try:
                 _build_and_load()
             except KernelBuildError as error:
-                _state["error"] = error
+                _error = error
                 raise
-            _state["loaded"] = True
-    return torch.ops.mmserve_cpu
+            _loaded = torch.ops.mmserve_cpu
+    return _loaded
 
 
 def is_available() -> bool:
