@@ -21,7 +21,8 @@
 
 namespace mmserve::attention {
 
-constexpr int kKeyTile = 64;  // keys per online-softmax step
+constexpr int kKeyTile = 64;          // keys per online-softmax step
+constexpr int kPrefetchMaxRows = 16;  // items with more query rows per head group do not prefetch
 
 // Rows of the next tile to prefetch, a few at a time while this tile's scores are computed
 // (all at once would stall the core on its miss buffers instead of overlapping with work).
@@ -217,6 +218,9 @@ inline void attend(FlashTile* tiles, int num_groups, const Keys& keys, int64_t k
   using kv_t = typename Keys::value_type;
   const int64_t stripe_bytes =
       ((num_groups - 1) * keys.head_stride + tiles[0].head_dim()) * static_cast<int64_t>(sizeof(kv_t));
+  // Only memory-bound items (few query rows, e.g. decode) prefetch: larger ones find the keys
+  // in cache, having been read for the previous query tile.
+  const bool prefetch = tiles[0].num_rows() <= kPrefetchMaxRows;
   const kv_t* k_src[2][kKeyTile];  // group 0's rows of this tile and of the next
   const kv_t* v_src[2][kKeyTile];
   const kv_t* k_group[kKeyTile];
@@ -229,11 +233,12 @@ inline void attend(FlashTile* tiles, int num_groups, const Keys& keys, int64_t k
     const int next_count = static_cast<int>(std::clamp<int64_t>(key_end - next_begin, 0, kKeyTile));
     const int next = 1 - current;
     if (next_count > 0) keys.fill(next_begin, next_count, k_src[next], v_src[next]);
+    const int prefetch_count = prefetch ? next_count : 0;
     for (int g = 0; g < num_groups; ++g) {
-      const int first = next_count * g / num_groups;  // each group prefetches a slice of the stripes
+      const int first = prefetch_count * g / num_groups;  // each group prefetches a slice of the stripes
       const NextRows ahead{reinterpret_cast<const void* const*>(k_src[next] + first),
                            reinterpret_cast<const void* const*>(v_src[next] + first),
-                           next_count * (g + 1) / num_groups - first, stripe_bytes};
+                           prefetch_count * (g + 1) / num_groups - first, stripe_bytes};
       for (int n = 0; n < count; ++n) {
         k_group[n] = k_src[current][n] + g * keys.head_stride;
         v_group[n] = v_src[current][n] + g * keys.head_stride;
