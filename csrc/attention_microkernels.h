@@ -14,6 +14,22 @@ constexpr int kScoreKeys = 4;  // keys per score block
 constexpr int kValueRows = 4;  // query rows per P·V block
 constexpr int kValueVecs = 3;  // head_dim vectors per P·V block
 
+// The value, kept in a register: GCC otherwise folds a load used by several FMAs into each of
+// them, loading a key once per query row (the score kernel then waits on loads, not FMAs).
+inline Vec in_register(Vec v) {
+#if defined(CPU_CAPABILITY_AVX512)
+  __m512 raw = v;
+  asm("" : "+v"(raw));
+  return Vec(raw);
+#elif defined(CPU_CAPABILITY_AVX2)
+  __m256 raw = v;
+  asm("" : "+x"(raw));
+  return Vec(raw);
+#else
+  return v;
+#endif
+}
+
 // out[n] = Σ lanes of acc[n] for the N = MR * kScoreKeys accumulators of a score block.
 template <int N>
 inline void lane_sums(const Vec* acc, float* out) {
@@ -46,12 +62,11 @@ inline void score_block(const float* q, int ldq, const float* const* k, int head
   for (int a = 0; a < MR * kScoreKeys; ++a) acc[a] = Vec(0.f);
   int d = 0;
   for (; d + kVecSize <= head_dim; d += kVecSize) {
-    Vec keys[kScoreKeys];
-    for (int j = 0; j < kScoreKeys; ++j) keys[j] = Vec::loadu(k[j] + d);
-    for (int i = 0; i < MR; ++i) {
-      const Vec query = Vec::loadu(q + i * ldq + d);
-      for (int j = 0; j < kScoreKeys; ++j)
-        acc[i * kScoreKeys + j] = at::vec::fmadd(query, keys[j], acc[i * kScoreKeys + j]);
+    Vec queries[MR];
+    for (int i = 0; i < MR; ++i) queries[i] = Vec::loadu(q + i * ldq + d);
+    for (int j = 0; j < kScoreKeys; ++j) {
+      const Vec key = in_register(Vec::loadu(k[j] + d));
+      for (int i = 0; i < MR; ++i) acc[i * kScoreKeys + j] = at::vec::fmadd(queries[i], key, acc[i * kScoreKeys + j]);
     }
   }
   float sums[MR * kScoreKeys];
@@ -90,9 +105,10 @@ inline void pv_rows(const float* p, int ldp, const float* const* v, int num_keys
                     int head_dim) {
   const int num_vecs = head_dim / kVecSize;
   int r = 0;
-  for (; r + kValueVecs <= num_vecs; r += kValueVecs)
+  // Blocks of 3 vectors, ending 2 + 2 rather than 3 + 1 (a 1-vector block is load-bound).
+  for (; num_vecs - r >= kValueVecs && num_vecs - r != 4; r += kValueVecs)
     pv_block<MR, kValueVecs>(p, ldp, v, num_keys, acc, lda, r * kVecSize);
-  if (num_vecs - r == 2) pv_block<MR, 2>(p, ldp, v, num_keys, acc, lda, r * kVecSize);
+  for (; num_vecs - r >= 2; r += 2) pv_block<MR, 2>(p, ldp, v, num_keys, acc, lda, r * kVecSize);
   if (num_vecs - r == 1) pv_block<MR, 1>(p, ldp, v, num_keys, acc, lda, r * kVecSize);
   for (int n = 0; n < num_keys; ++n)
     for (int i = 0; i < MR; ++i)

@@ -6,7 +6,9 @@
 namespace mmserve::attention {
 namespace {
 
-constexpr int kTargetRows = 32;         // query rows (tokens × heads of a group) per item
+constexpr int kTargetRows = 128;        // query rows (tokens × heads of a group) per tile: each
+                                        // pass over a context serves this many rows
+constexpr int kGroupedRows = 32;        // tiles below this (decode rows) take all head groups at once
 constexpr int64_t kMinSplitKeys = 256;  // below this a split's merge overhead is not worth it
 constexpr int64_t kSplitAlign = 64;     // split boundaries fall on key tiles
 constexpr int64_t kItemsPerThread = 4;  // enough items for the shared counter to balance load
@@ -90,7 +92,7 @@ Plan make_plan(const std::vector<Sequence>& sequences, int num_head_groups, int 
                                   : std::numeric_limits<int64_t>::max();
   for (const Tile& tile : tiles) {
     // Small tiles (decode rows) are memory-bound: one sweep over the context for all kv heads.
-    if (group_heads && tile.num_queries * rows_per_token < kTargetRows) {
+    if (group_heads && tile.num_queries * rows_per_token < kGroupedRows) {
       add_items(plan, tile, 0, num_head_groups, rows_per_token, target_cost);
       continue;
     }

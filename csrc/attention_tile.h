@@ -6,8 +6,8 @@
 // gathered copy of the context is made: float32 rows are read where they lie, bfloat16 rows are
 // widened into a per-thread tile buffer first. Register-blocked micro-kernels compute
 // scores = Q·Kᵀ and acc += P·V (attention_microkernels.h); the query heads that share a kv head
-// are rows of the same tile, so each K/V row comes from memory once per head group. The next
-// tile's rows are prefetched while the current one is computed.
+// are rows of the same tile, so each K/V row comes from memory once per head group. Items with
+// few rows (decode) prefetch the next tile's rows while computing the current one.
 #pragma once
 
 #include <algorithm>
