@@ -32,7 +32,6 @@ from mmserve import envs
 
 logger = logging.getLogger("mmserve.ops")
 
-LIBRARY_NAME = "mmserve_cpu_kernels"
 SOURCE_DIR = Path(__file__).resolve().parents[2] / "csrc"
 _FLAGS_BY_CAPABILITY = {
     "AVX512": ("-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx2", "-mfma", "-mf16c"),
@@ -118,7 +117,7 @@ def _ninja_on_path() -> Iterator[None]:
         os.environ["PATH"] = old_path
 
 
-def _compile(target: BuildTarget, build_dir: Path) -> None:
+def _compile(target: BuildTarget, build_dir: Path, name: str) -> None:
     from torch.utils import cpp_extension
 
     # A torch lock file left by a killed build would make torch wait forever; we hold the lock.
@@ -128,7 +127,7 @@ def _compile(target: BuildTarget, build_dir: Path) -> None:
     try:
         with _ninja_on_path():
             cpp_extension.load(
-                name=LIBRARY_NAME,
+                name=name,
                 sources=[str(path) for path in sources()],
                 extra_cflags=list(target.cflags),
                 extra_ldflags=["-fopenmp"],
@@ -149,14 +148,16 @@ def _build_and_load() -> None:
     key = build_key(target)
     root = envs.cache_dir() / "cpu_kernels"
     build_dir = root / key
-    library = build_dir / f"{LIBRARY_NAME}.so"
+    # The name carries the key: torch renames a library rebuilt under a used name in one process.
+    name = "mmserve_cpu_" + key.replace("-", "_")
+    library = build_dir / f"{name}.so"
     done = build_dir / "complete"
     with _file_lock(root / f"{key}.lock"):
-        if done.exists():
+        if done.exists() and library.exists():
             torch.ops.load_library(str(library))
             return
         build_dir.mkdir(parents=True, exist_ok=True)
-        _compile(target, build_dir)  # loads the library too
+        _compile(target, build_dir, name)  # loads the library too
         done.write_text(f"{target.capability} {torch.__version__}\n")
 
 

@@ -92,6 +92,16 @@ def test_concurrent_first_uses_build_once_and_later_ones_only_load(sources, tmp_
     assert later.returncode == 0 and "building" not in output
 
 
+def test_libraries_of_different_sources_build_and_load_in_one_process(sources, monkeypatch):
+    """torch renames a second build under a used name; each key must still find its library."""
+    (sources / "stand_in.cpp").write_text(STAND_IN)
+    _extension._build_and_load()
+    (sources / "stand_in.cpp").write_text(STAND_IN.replace("return 1", "return 2"))
+    _extension._build_and_load()
+    built = sorted(path.name for path in (sources.parent / "cache" / "cpu_kernels").glob("*/*.so"))
+    assert len(built) == 2 and not any("_v1" in name for name in built)
+
+
 @pytest.mark.slow
 def test_scalar_build_for_cpus_without_avx2_matches_the_references():
     """ATEN_CPU_CAPABILITY=default makes torch, and so the build, use the DEFAULT target."""
@@ -100,8 +110,8 @@ def test_scalar_build_for_cpus_without_avx2_matches_the_references():
         from mmserve.ops import _extension, cpu, reference
         assert _extension.build_target().capability == "DEFAULT"
         torch.manual_seed(0)
-        query = torch.randn(7, 8, 72)
-        cache = torch.randn(2, 40, 16, 2, 72)
+        query = torch.randn(7, 8, 36)
+        cache = torch.randn(2, 40, 16, 2, 36)
         starts = torch.tensor([0, 1, 7], dtype=torch.int32)
         lens = torch.tensor([300, 20], dtype=torch.int32)
         table = torch.randperm(40).int()[:38].view(2, 19)

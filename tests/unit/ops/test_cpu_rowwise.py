@@ -97,7 +97,7 @@ def row_choices(half: int) -> dict[str, torch.Tensor]:
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("head_dim", [64, 72, 80, 128])
+@pytest.mark.parametrize("head_dim", [36, 64, 80, 128])
 @pytest.mark.parametrize("layout", ["sections", "interleaved", "plain"])
 def test_mrope_in_place_equals_reference(layout, head_dim, dtype):
     half = head_dim // 2

@@ -20,7 +20,7 @@ def random_bounds(rng: np.random.Generator, max_length: int) -> list[int]:
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize(("num_heads", "head_dim"), [(1, 32), (4, 64), (16, 80), (2, 128), (3, 40)])
+@pytest.mark.parametrize(("num_heads", "head_dim"), [(1, 32), (4, 64), (16, 80), (2, 128), (3, 44)])
 def test_random_segments_match_reference(num_heads, head_dim, dtype):
     rng = np.random.default_rng([num_heads, head_dim])
     generator = torch.Generator().manual_seed(num_heads * head_dim)
