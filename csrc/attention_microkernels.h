@@ -115,11 +115,10 @@ inline void pv_rows(const float* p, int ldp, const float* const* v, int num_keys
       for (int t = num_vecs * kVecSize; t < head_dim; ++t) acc[i * lda + t] += p[i * ldp + n] * v[n][t];
 }
 
-// Asks for every cache line of `count` rows of `bytes` each, ahead of their use.
-inline void prefetch_rows(const void* const* rows, int count, int64_t bytes) {
-  for (int n = 0; n < count; ++n)
-    for (int64_t offset = 0; offset < bytes; offset += 64)
-      __builtin_prefetch(static_cast<const char*>(rows[n]) + offset, 0, 1);
+// Asks for lines [first, end) of `rows` (each `lines_per_row` 64-byte lines), ahead of their use.
+inline void prefetch_lines(const void* const* rows, int64_t lines_per_row, int64_t first, int64_t end) {
+  for (int64_t line = first; line < end; ++line)
+    __builtin_prefetch(static_cast<const char*>(rows[line / lines_per_row]) + line % lines_per_row * 64, 0, 3);
 }
 
 }  // namespace mmserve::attention

@@ -114,12 +114,15 @@ inline void FlashTile::widen(const kv_t* const* rows, int count, std::vector<flo
 
 inline void FlashTile::scores(const float* const* k_rows, int count, const NextRows& next) {
   const int rows = num_rows_;
-  const int prefetch_per_block = (next.count + count - 1) / count * kScoreKeys;
+  // The next rows' lines, spread evenly over this tile's key blocks.
+  const int64_t lines_per_row = (next.bytes + 63) / 64;
+  const int64_t lines = next.count * lines_per_row;
+  const int key_blocks = count / kScoreKeys;
   for (int j = 0; j < count; j += kScoreKeys) {
-    const int first = j / kScoreKeys * prefetch_per_block;
-    const int ahead = std::clamp(next.count - first, 0, prefetch_per_block);
-    prefetch_rows(next.keys + first, ahead, next.bytes);
-    prefetch_rows(next.values + first, ahead, next.bytes);
+    const int64_t first = lines * (j / kScoreKeys) / key_blocks;
+    const int64_t end = lines * (j / kScoreKeys + 1) / key_blocks;
+    prefetch_lines(next.keys, lines_per_row, first, end);
+    prefetch_lines(next.values, lines_per_row, first, end);
     for (int i = 0; i < rows; i += kScoreRows) {
       const float* q = query_.data() + static_cast<int64_t>(i) * head_dim_;
       float* s = scores_.data() + static_cast<int64_t>(i) * kKeyTile + j;
