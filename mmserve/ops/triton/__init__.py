@@ -28,9 +28,9 @@ if importlib.util.find_spec("triton") is not None:
     from mmserve.ops.triton.activation import silu_and_mul
     from mmserve.ops.triton.kv_cache import write_kv
     from mmserve.ops.triton.norm import fused_add_rms_norm, rms_norm
-    from mmserve.ops.triton.paged_attention import paged_attention
     from mmserve.ops.triton.rotary import mrope
-    from mmserve.ops.triton.varlen_attention import varlen_attention
+    from mmserve.ops.triton.unified_attention import paged_attention
+    from mmserve.ops.triton.vision_attention import varlen_attention
 
     __all__ += [
         "fused_add_rms_norm",

@@ -28,3 +28,9 @@ class Launch:
 def next_power_of_two(n: int) -> int:
     """The smallest power of two ≥ n (n ≥ 1): the padded extent of a `tl.arange` tile."""
     return 1 << (n - 1).bit_length()
+
+
+def dot_extent(n: int) -> int:
+    """Padded extent of a `tl.dot` operand dimension: a power of two, and at least the 16 the
+    tensor-core instructions need."""
+    return max(16, next_power_of_two(n))

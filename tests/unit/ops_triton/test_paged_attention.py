@@ -16,9 +16,11 @@ import torch
 from mmserve.ops import reference
 
 pytest.importorskip("triton")
-from mmserve.ops.triton.paged_attention import (
+from mmserve.ops.triton import unified_attention
+from mmserve.ops.triton.unified_attention import (
     MAX_KV_SPLITS,
     choose_num_kv_splits,
+    choose_tiles,
     paged_attention,
 )
 
@@ -143,6 +145,20 @@ def test_mixed_batch_matches_reference(heads, kv_heads, head_dim, block_size, de
         seed=heads,
     )
     assert_matches_reference(batch, batch.attend(num_kv_splits=1))
+
+
+@pytest.mark.parametrize("max_query_len", [1, 7])
+def test_half_precision_tiles_match_reference_in_float32(max_query_len, monkeypatch, device):
+    """The tile shapes planned for half precision, run in float32 so they are held to float32's
+    tolerance, split and unsplit, with a GQA group (7) that leaves rows of the block empty."""
+    tiles = choose_tiles(7, max_query_len, torch.bfloat16)
+    monkeypatch.setattr(unified_attention, "choose_tiles", lambda *_: tiles)
+    requests = [(40, max_query_len), (3, 1), (0, max_query_len), (18, max_query_len)]
+    batch = make_batch(
+        requests, heads=7, kv_heads=1, head_dim=64, block_size=16, dtype=torch.float32, device=device, seed=9
+    )
+    for num_kv_splits in (1, 2):
+        assert_matches_reference(batch, batch.attend(num_kv_splits=num_kv_splits))
 
 
 @pytest.mark.parametrize("num_kv_splits", [2, 8])

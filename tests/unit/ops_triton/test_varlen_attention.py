@@ -8,7 +8,7 @@ import torch
 from mmserve.ops import reference
 
 pytest.importorskip("triton")
-from mmserve.ops.triton.varlen_attention import BLOCK_M, varlen_attention
+from mmserve.ops.triton.vision_attention import BLOCK_M, varlen_attention
 
 pytestmark = pytest.mark.filterwarnings("error::RuntimeWarning")
 

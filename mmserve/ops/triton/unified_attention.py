@@ -21,7 +21,7 @@ import triton
 import triton.language as tl
 
 from mmserve.ops.triton.attention_common import locate_block, num_block_programs, softmax_step
-from mmserve.ops.triton.launch import Launch, next_power_of_two
+from mmserve.ops.triton.launch import Launch, dot_extent, next_power_of_two
 
 LOG2_E = math.log2(math.e)
 MAX_KV_SPLITS = 16
@@ -34,25 +34,27 @@ def _attend_context(
     query,  # [BLOCK_M, HEAD_DIM_PAD]
     query_position,  # [BLOCK_M]: the context position of each row's token; it sees 0 .. that
     row_valid,  # [BLOCK_M]
-    cache_ptr,
+    head_cache_ptr,  # the cache's keys at this kv head (values are cache_stride_kv further on)
     table_row_ptr,  # this request's row of the block table
-    kv_head,
     kv_end,  # no row of this block sees a position ≥ kv_end
-    first_tile,
-    last_tile,
     scale_log2,
     cache_stride_kv,
     cache_stride_block,
     cache_stride_slot,
-    cache_stride_head,
     HEAD_DIM: tl.constexpr,
     HEAD_DIM_PAD: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
     BLOCK_M: tl.constexpr,
     TILE_N: tl.constexpr,
+    NUM_SPLITS: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
 ):
-    """Online softmax over context tiles [first_tile, last_tile) → (max, sum, unnormalised out)."""
+    """Online softmax over this program's split of the context tiles [0, cdiv(kv_end, TILE_N))
+    → (max, sum, unnormalised output); a split with no tiles returns (-inf, 0, 0)."""
+    num_tiles = tl.cdiv(kv_end, TILE_N)
+    tiles_per_split = tl.cdiv(num_tiles, NUM_SPLITS)
+    first_tile = tl.program_id(2) * tiles_per_split
+    last_tile = tl.minimum(first_tile + tiles_per_split, num_tiles)
     dims = tl.arange(0, HEAD_DIM_PAD)
     dim_valid = dims < HEAD_DIM
     running_max = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
@@ -62,15 +64,11 @@ def _attend_context(
         positions = tile * TILE_N + tl.arange(0, TILE_N)  # [TILE_N]
         position_valid = positions < kv_end
         block_ids = tl.load(table_row_ptr + positions // BLOCK_SIZE, mask=position_valid, other=0)
-        slots = (
-            block_ids.to(tl.int64) * cache_stride_block
-            + (positions % BLOCK_SIZE) * cache_stride_slot
-            + kv_head * cache_stride_head
-        )
+        slots = block_ids.to(tl.int64) * cache_stride_block + (positions % BLOCK_SIZE) * cache_stride_slot
         kv_offsets = slots[:, None] + dims[None, :]  # [TILE_N, HEAD_DIM_PAD]
         kv_mask = position_valid[:, None] & dim_valid[None, :]
-        key = tl.load(cache_ptr + kv_offsets, mask=kv_mask, other=0.0)
-        value = tl.load(cache_ptr + cache_stride_kv + kv_offsets, mask=kv_mask, other=0.0)
+        key = tl.load(head_cache_ptr + kv_offsets, mask=kv_mask, other=0.0)
+        value = tl.load(head_cache_ptr + cache_stride_kv + kv_offsets, mask=kv_mask, other=0.0)
         scores = tl.dot(query, tl.trans(key), input_precision=DOT_PRECISION) * scale_log2
         visible = row_valid[:, None] & (positions[None, :] <= query_position[:, None])
         scores = tl.where(visible, scores, float("-inf"))  # [BLOCK_M, TILE_N]
@@ -136,40 +134,31 @@ def _paged_attention_kernel(
         other=0.0,
     )
 
-    kv_end = context_len + tl.minimum(query_len, (query_block + 1) * BLOCK_Q)
-    num_tiles = tl.cdiv(kv_end, TILE_N)
-    tiles_per_split = tl.cdiv(num_tiles, NUM_SPLITS)
-    first_tile = tl.program_id(2) * tiles_per_split
-    last_tile = tl.minimum(first_tile + tiles_per_split, num_tiles)
     running_max, running_sum, acc = _attend_context(
         query,
         context_len + query_index,
         row_valid,
-        cache_ptr,
+        cache_ptr + kv_head * cache_stride_head,
         block_table_ptr + request.to(tl.int64) * block_table_stride,
-        kv_head,
-        kv_end,
-        first_tile,
-        last_tile,
+        context_len + tl.minimum(query_len, (query_block + 1) * BLOCK_Q),
         scale_log2,
         cache_stride_kv,
         cache_stride_block,
         cache_stride_slot,
-        cache_stride_head,
         HEAD_DIM,
         HEAD_DIM_PAD,
         BLOCK_SIZE,
         BLOCK_M,
         TILE_N,
+        NUM_SPLITS,
         DOT_PRECISION,
     )
-
     if NUM_SPLITS == 1:
         out = acc / tl.where(row_valid, running_sum, 1.0)[:, None]  # padding rows summed nothing
         out_offsets = tokens[:, None] * out_stride_token + heads[:, None] * out_stride_head + dims[None, :]
         tl.store(out_ptr + out_offsets, out.to(out_ptr.dtype.element_ty), mask=row_mask)
     else:
-        # An empty split (first_tile ≥ last_tile) stores max -inf, sum 0: it weighs nothing.
+        # An empty split stores max -inf, sum 0: it weighs nothing in the combination.
         partial = (tokens.to(tl.int64) * NUM_HEADS + heads) * NUM_SPLITS + tl.program_id(2)
         tl.store(partial_max_ptr + partial, running_max, mask=row_valid)
         tl.store(partial_sum_ptr + partial, running_sum, mask=row_valid)
@@ -222,12 +211,17 @@ class AttentionTiles:
     num_warps: int
 
 
-def choose_tiles(group: int, max_query_len: int) -> AttentionTiles:
+def choose_tiles(group: int, max_query_len: int, dtype: torch.dtype) -> AttentionTiles:
     """Decode-only steps get the smallest row block `tl.dot` allows (16 rows: one token's heads
-    plus padding); steps with prompt chunks get 64-row blocks so a kv tile serves more queries."""
-    rows = 16 if max_query_len == 1 else 64
+    plus padding); steps with prompt chunks get 64-row blocks so a kv tile serves more queries.
+    float32 (IEEE dots, no tensor cores) keeps 16 x 16 tiles: larger ones spill registers on
+    sm_90 once the split-KV epilogue stores its row statistics (see compile_for_gpu.py)."""
+    if dtype == torch.float32:
+        rows, tile_n = 16, 16
+    else:
+        rows, tile_n = (16 if max_query_len == 1 else 64), 32
     block_m = max(rows, next_power_of_two(group))
-    return AttentionTiles(block_m=block_m, block_q=block_m // group, tile_n=32, num_warps=4)
+    return AttentionTiles(block_m=block_m, block_q=block_m // group, tile_n=tile_n, num_warps=4)
 
 
 @functools.cache
@@ -259,7 +253,7 @@ def _check_layout(out: torch.Tensor, query: torch.Tensor, kv_cache: torch.Tensor
 def _combine_args(out: torch.Tensor, query_start_loc: torch.Tensor, num_splits: int) -> dict[str, object]:
     """The arguments both kernels take: the output, the split partials, the batch layout."""
     num_tokens, num_heads, head_dim = out.shape
-    head_dim_pad = next_power_of_two(head_dim)
+    head_dim_pad = dot_extent(head_dim)
     partial_out = partial_max = partial_sum = out  # placeholders: the 1-split kernel never reads them
     if num_splits > 1:
         partial_out = out.new_empty(num_tokens, num_heads, num_splits, head_dim_pad, dtype=torch.float32)
@@ -297,7 +291,7 @@ def plan_paged_attention(
     _check_layout(out, query, kv_cache)
     num_tokens, num_heads = query.shape[:2]
     num_kv_heads, num_requests = kv_cache.shape[3], seq_lens.shape[0]
-    tiles = choose_tiles(num_heads // num_kv_heads, max_query_len)
+    tiles = choose_tiles(num_heads // num_kv_heads, max_query_len, query.dtype)
     if num_kv_splits is None:
         query_blocks = max(num_requests, -(-num_tokens // tiles.block_q))
         num_kv_splits = choose_num_kv_splits(query_blocks * num_kv_heads, max_seq_len, query.device)
