@@ -13,8 +13,9 @@ import triton.language as tl
 
 
 def num_block_programs(num_rows: int, num_segments: int, block: int) -> int:
-    """Grid size that covers every block of every segment (an upper bound, no device sync)."""
-    return num_rows // block + num_segments
+    """Grid size that covers every block of every segment (an upper bound, no device sync);
+    0 without segments, when every row is padding."""
+    return num_rows // block + num_segments if num_segments else 0
 
 
 @triton.jit

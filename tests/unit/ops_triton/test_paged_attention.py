@@ -213,6 +213,18 @@ def test_rows_past_the_batch_are_left_alone(num_kv_splits, device):
     assert_matches_reference(batch, out)
 
 
+def test_a_step_of_padding_rows_only_writes_nothing(device):
+    batch = make_batch(
+        [(20, 1)], heads=4, kv_heads=2, head_dim=64, block_size=16, dtype=torch.float32, device=device, seed=1
+    )
+    batch.query_start_loc, batch.seq_lens = batch.query_start_loc[:1], batch.seq_lens[:0]
+    batch.block_table = batch.block_table[:0]
+    for num_kv_splits in (1, 2):
+        out = torch.full_like(batch.query, 7.0)
+        batch.attend(num_kv_splits=num_kv_splits, out=out)
+        assert torch.equal(out, torch.full_like(out, 7.0))
+
+
 def test_num_kv_splits_follows_grid_size():
     cpu = torch.device("cpu")
     assert choose_num_kv_splits(10_000, 100_000, cpu) == 1  # the grid fills the GPU already

@@ -52,3 +52,11 @@ def test_half_precision_matches_reference(dtype, device):
     expected = reference.varlen_attention(query.float(), key.float(), value.float(), cu_seqlens, 80**-0.5)
     assert got.dtype == dtype
     torch.testing.assert_close(got.float(), expected, rtol=TOLERANCE[dtype], atol=TOLERANCE[dtype])
+
+
+def test_attends_only_the_segments_given(device):
+    (query, key, value), cu_seqlens = packed_segments(torch.float32, device, heads=1, head_dim=64)
+    for bounds in ([0], cu_seqlens[:3]):  # no segments at all; the first two segments only
+        got = varlen_attention(query, key, value, bounds, 0.125)
+        expected = reference.varlen_attention(query, key, value, bounds, 0.125)
+        torch.testing.assert_close(got[: bounds[-1]], expected[: bounds[-1]], rtol=1e-5, atol=1e-5)
