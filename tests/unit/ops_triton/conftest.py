@@ -2,7 +2,9 @@
 
 `@triton.jit` picks compiled or interpreted when a kernel is defined, i.e. when
 `mmserve.ops.triton` is first imported, so TRITON_INTERPRET=1 is set here, before any test module
-of this folder imports it. The tests skip (per module) only where Triton cannot be imported.
+of this folder imports it (setting it in tests/conftest.py instead would also cover kernels that
+other packages import earlier during collection). The tests skip (per module) only where Triton
+cannot be imported.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import torch
 
 ON_GPU = torch.cuda.is_available()
 
-if not ON_GPU:
+if not ON_GPU and os.environ.get("TRITON_INTERPRET") != "1":
     if any(name.startswith("mmserve.ops.triton.") for name in sys.modules):
         raise RuntimeError(
             "mmserve.ops.triton was imported before tests/unit/ops_triton/conftest.py could set "
@@ -55,12 +57,37 @@ def _make_interpreter_bfloat16_match_the_gpu() -> None:
     builder.create_dot, builder.cast_impl = create_dot, cast_impl
 
 
+def _reinterpret_triton_language() -> None:
+    """Rebuild triton.language's own @jit functions for the interpreter if triton was imported
+    before TRITON_INTERPRET was set.
+
+    Collecting the whole suite imports triton early (torch._dynamo probes for it while
+    tests/unit/layers is collected), and then `tl.sum`, `tl.max`, `tl.cdiv`, … are compiled-mode
+    JITFunctions that refuse to run inside an interpreted kernel. Setting TRITON_INTERPRET in
+    tests/conftest.py would make this unnecessary; until then the two modules defining them are
+    re-executed (pure Python) and their functions rebound in the `triton.language` namespace.
+    """
+    import importlib
+
+    import triton.language as tl
+    from triton.runtime.jit import JITFunction
+
+    if not isinstance(tl.sum, JITFunction):
+        return
+    for module in (tl.standard, tl.random):
+        importlib.reload(module)
+        for name, value in vars(module).items():
+            if isinstance(getattr(tl, name, None), JITFunction):
+                setattr(tl, name, value)
+
+
 try:
     import triton  # noqa: F401
 except ImportError:
     pass
 else:
     if not ON_GPU:
+        _reinterpret_triton_language()
         _make_interpreter_bfloat16_match_the_gpu()
 
 
