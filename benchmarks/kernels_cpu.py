@@ -30,10 +30,10 @@ import torch.nn.functional as F
 from mmserve.layers.activation import silu_and_mul as torch_silu_and_mul
 from mmserve.layers.attention import AttentionMetadata
 from mmserve.layers.attention.torch_backend import TorchAttentionBackend
-from mmserve.layers.attention.varlen import varlen_attention as torch_varlen_attention
 from mmserve.layers.norm import RMSNorm
 from mmserve.layers.rotary import MRotaryEmbedding
 from mmserve.ops import cpu, reference
+from mmserve.ops.sdpa import varlen_attention_sdpa as torch_varlen_attention
 
 HEADS, KV_HEADS, HEAD_DIM, BLOCK = 12, 2, 128, 16
 HIDDEN, INTERMEDIATE = 1536, 8960

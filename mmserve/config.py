@@ -255,6 +255,28 @@ class MultiModalConfig:
         return self.limit_per_prompt.get("image", DEFAULT_IMAGES_PER_PROMPT)
 
 
+ATTENTION_BACKENDS = ("auto", "torch", "cpu", "triton")
+"""auto: the fastest that works on the device; torch: the plain-torch reference; cpu: the C++
+kernels (csrc/); triton: the Triton kernels (CUDA, or Triton's interpreter on CPU)."""
+
+
+@dataclass(frozen=True)
+class ExecutionConfig:
+    """How the model runs on its device: which kernels, how many CPU threads."""
+
+    attention_backend: str = "auto"  # one of ATTENTION_BACKENDS (see mmserve.layers.attention)
+    num_threads: int | None = None  # engine's torch threads on CPU; None = MMSERVE_NUM_THREADS or all cores
+
+    def __post_init__(self) -> None:
+        if self.attention_backend not in ATTENTION_BACKENDS:
+            raise ValueError(
+                f"attention_backend must be one of {', '.join(ATTENTION_BACKENDS)}, "
+                f"got {self.attention_backend!r}"
+            )
+        if self.num_threads is not None and self.num_threads < 1:
+            raise ValueError(f"num_threads must be ≥ 1, got {self.num_threads}")
+
+
 @dataclass(frozen=True)
 class EngineConfig:
     """All slices together, for the code that wires components (each still gets only its slice)."""
@@ -263,6 +285,7 @@ class EngineConfig:
     cache: CacheConfig
     scheduler: SchedulerConfig
     multimodal: MultiModalConfig
+    execution: ExecutionConfig = field(default_factory=ExecutionConfig)
     seed: int = 0
     device: str | None = None  # None = cuda when available, else cpu
 
@@ -321,6 +344,8 @@ class EngineArgs:
     )
     mm_processor_cache_gb: float = field_default(MultiModalConfig, "processor_cache_bytes") / _GIB
     preprocess_workers: int | None = field_default(MultiModalConfig, "preprocess_workers")
+    attention_backend: str = field_default(ExecutionConfig, "attention_backend")
+    num_threads: int | None = field_default(ExecutionConfig, "num_threads")
     seed: int = field_default(EngineConfig, "seed")
     device: str | None = field_default(EngineConfig, "device")
 
@@ -350,6 +375,7 @@ class EngineArgs:
                 processor_cache_bytes=int(self.mm_processor_cache_gb * _GIB),
                 preprocess_workers=self.preprocess_workers,
             ),
+            execution=ExecutionConfig(attention_backend=self.attention_backend, num_threads=self.num_threads),
             seed=self.seed,
             device=self.device,
         )

@@ -15,7 +15,14 @@ from mmserve.worker.worker import Worker
 
 def build_engine_core(config: EngineConfig) -> EngineCore:
     device = torch.device(config.device) if config.device else None
-    worker = Worker(config.model, config.cache, config.scheduler, device=device, seed=config.seed)
+    worker = Worker(
+        config.model,
+        config.cache,
+        config.scheduler,
+        device=device,
+        seed=config.seed,
+        execution_config=config.execution,
+    )
     scheduler = Scheduler(
         config.scheduler,
         config.cache,

@@ -14,7 +14,7 @@ import re
 from pathlib import Path
 
 from mmserve import envs
-from mmserve.config import SCHEDULING_POLICIES, EngineArgs, ServerConfig, field_default
+from mmserve.config import ATTENTION_BACKENDS, SCHEDULING_POLICIES, EngineArgs, ServerConfig, field_default
 
 _UNITS = {"": 1, "b": 1, "k": 1e3, "kb": 1e3, "kib": 1024, "m": 1e6, "mb": 1e6, "mib": 1 << 20}
 _UNITS |= {"g": 1e9, "gb": 1e9, "gib": 1 << 30, "t": 1e12, "tb": 1e12, "tib": 1 << 40}
@@ -147,6 +147,19 @@ def _add_scheduler_arguments(group: argparse._ArgumentGroup) -> None:
     )
     _engine_flag(group, "seed", "Seed of the engine's random state (default %(default)s).", type=int)
     _engine_flag(group, "device", "cpu or cuda (default: cuda when there is one).")
+    _engine_flag(
+        group,
+        "attention_backend",
+        "Kernels: auto (the C++ kernels on CPU, Triton on CUDA), torch (the reference), cpu, triton "
+        "(default %(default)s).",
+        choices=ATTENTION_BACKENDS,
+    )
+    _engine_flag(
+        group,
+        "num_threads",
+        "The engine's CPU threads (default: MMSERVE_NUM_THREADS, else every core this process may use).",
+        type=int,
+    )
 
 
 def _add_cache_arguments(group: argparse._ArgumentGroup) -> None:

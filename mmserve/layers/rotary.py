@@ -14,6 +14,8 @@ import numpy as np
 import torch
 from torch import nn
 
+from mmserve.layers.kernel_user import UsesKernels
+
 
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
     half = x.shape[-1] // 2
@@ -25,7 +27,7 @@ def inverse_frequencies(dim: int, theta: float) -> torch.Tensor:
     return 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim))
 
 
-class MRotaryEmbedding(nn.Module):
+class MRotaryEmbedding(UsesKernels, nn.Module):
     """Applies M-RoPE to queries and keys given [3, num_tokens] positions.
 
     cos/sin per position are cached up to `max_positions`; the cached values are computed exactly
@@ -50,27 +52,13 @@ class MRotaryEmbedding(nn.Module):
         )
         self.register_buffer("section_of_channel", section_of_channel, persistent=False)
 
-    def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """positions: [3, T] int64 → cos, sin: [T, 1, head_dim] in `dtype` (broadcast over heads)."""
-        if positions.numel() and int(positions.max()) >= self.cos_cache.shape[0]:
-            raise ValueError(
-                f"position {int(positions.max())} beyond the rotary cache ({self.cos_cache.shape[0]})"
-            )
-        channels = torch.arange(self.head_dim // 2, device=positions.device)
-        # per token and channel, the position from the row that drives that channel: [T, head_dim/2]
-        pos = positions[self.section_of_channel, :].T
-        cos = self.cos_cache[pos, channels]
-        sin = self.sin_cache[pos, channels]
-        cos = torch.cat((cos, cos), dim=-1).to(dtype)[:, None, :]
-        sin = torch.cat((sin, sin), dim=-1).to(dtype)[:, None, :]
-        return cos, sin
-
     def forward(
         self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """q: [T, H, D], k: [T, KVH, D] → rotated q, k (same shapes and dtype)."""
-        cos, sin = self.cos_sin(positions, q.dtype)
-        return q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
+        """q: [T, H, D], k: [T, KVH, D] → rotated q, k (same shapes and dtype; possibly the same
+        tensors, rotated in place). Positions must be below `max_positions` (the runner's are:
+        they never exceed the token index, and the table covers the model length)."""
+        return self.kernels.mrope(q, k, positions, self.cos_cache, self.sin_cache, self.section_of_channel)
 
 
 def mrope_input_positions(

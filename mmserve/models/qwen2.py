@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from mmserve.config import ModelConfig
-from mmserve.layers.activation import silu_and_mul
+from mmserve.layers.activation import SiluAndMul
 from mmserve.layers.attention import AttentionBackend, AttentionMetadata
 from mmserve.layers.norm import RMSNorm
 from mmserve.layers.rotary import MRotaryEmbedding
@@ -62,9 +62,10 @@ class Qwen2MLP(nn.Module):
         super().__init__()
         self.gate_up_proj = nn.Linear(hidden_size, 2 * intermediate_size, bias=False)
         self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=False)
+        self.act = SiluAndMul()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(silu_and_mul(self.gate_up_proj(x)))
+        return self.down_proj(self.act(self.gate_up_proj(x)))
 
 
 class Qwen2DecoderLayer(nn.Module):
@@ -75,9 +76,23 @@ class Qwen2DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = Qwen2MLP(config.hidden_size, config.intermediate_size)
 
-    def forward(self, positions, x, kv_cache, metadata) -> torch.Tensor:
-        x = x + self.self_attn(positions, self.input_layernorm(x), kv_cache, metadata)
-        return x + self.mlp(self.post_attention_layernorm(x))
+    def forward(
+        self,
+        positions: torch.Tensor,  # [3, T]
+        x: torch.Tensor,  # [T, hidden]: the previous layer's output (its MLP's)
+        residual: torch.Tensor | None,  # [T, hidden]: the stream before that output; None first
+        kv_cache: torch.Tensor,
+        metadata: AttentionMetadata,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The pre-norm block x + attn(norm(x)), then + mlp(norm(·)), with each residual add
+        fused into the norm after it: returns (this layer's MLP output, the stream before it)."""
+        if residual is None:
+            residual, x = x, self.input_layernorm(x)
+        else:
+            x, residual = self.input_layernorm(x, residual)
+        x = self.self_attn(positions, x, kv_cache, metadata)
+        x, residual = self.post_attention_layernorm(x, residual)
+        return self.mlp(x), residual
 
 
 class Qwen2Model(nn.Module):
@@ -102,10 +117,11 @@ class Qwen2Model(nn.Module):
         kv_caches: list[torch.Tensor],
         metadata: AttentionMetadata,
     ) -> torch.Tensor:
-        x = inputs_embeds
+        x, residual = inputs_embeds, None
         for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
-            x = layer(positions, x, kv_cache, metadata)
-        return self.norm(x)
+            x, residual = layer(positions, x, residual, kv_cache, metadata)
+        x, _ = self.norm(x, residual)
+        return x
 
 
 def load_language_model_weight(

@@ -16,7 +16,7 @@ from torch import nn
 from mmserve.config import ModelConfig, VisionConfig
 from mmserve.layers.activation import get_activation
 from mmserve.layers.attention import AttentionBackend, AttentionMetadata
-from mmserve.layers.attention.varlen import varlen_attention
+from mmserve.layers.kernel_user import UsesKernels
 from mmserve.layers.rotary import VisionRotaryEmbedding, apply_vision_rotary, vision_patch_positions
 from mmserve.models.qwen2 import Qwen2Model, load_language_model_weight
 
@@ -37,7 +37,7 @@ class PatchEmbed(nn.Module):
         return F.linear(pixel_values.to(weight.dtype), weight)
 
 
-class VisionAttention(nn.Module):
+class VisionAttention(UsesKernels, nn.Module):
     def __init__(self, dim: int, num_heads: int) -> None:
         super().__init__()
         self.num_heads = num_heads
@@ -51,7 +51,7 @@ class VisionAttention(nn.Module):
         n = x.shape[0]
         q, k, v = self.qkv(x).view(n, 3, self.num_heads, self.head_dim).unbind(1)  # each [N, H, D]
         q, k = apply_vision_rotary(q, cos, sin), apply_vision_rotary(k, cos, sin)
-        out = varlen_attention(q, k, v, cu_seqlens, self.head_dim**-0.5)
+        out = self.kernels.varlen_attention(q, k, v, cu_seqlens, self.head_dim**-0.5)
         return self.proj(out.reshape(n, -1))
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from mmserve.config import CacheConfig, ModelConfig, SchedulerConfig
+from mmserve.config import CacheConfig, ExecutionConfig, ModelConfig, SchedulerConfig
 from mmserve.core.sched_output import (
     LogprobsLists,
     ModelRunnerOutput,
@@ -34,11 +34,14 @@ class ModelRunner:
         cache_config: CacheConfig,
         scheduler_config: SchedulerConfig,
         device: torch.device,
+        execution_config: ExecutionConfig | None = None,
     ) -> None:
+        execution_config = execution_config or ExecutionConfig()
         self.model_config = model_config
         self.block_size = cache_config.block_size
         self.device = device
-        self.model = load_model(model_config, get_attention_backend(device), device)
+        self.attention_backend = get_attention_backend(execution_config.attention_backend, device)
+        self.model = load_model(model_config, self.attention_backend, device)
         self.sampler = Sampler()
         self.encoder_cache = EncoderCache()
         max_blocks_per_req = -(-model_config.max_model_len // self.block_size)

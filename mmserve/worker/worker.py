@@ -7,16 +7,17 @@ import os
 import torch
 
 from mmserve import envs
-from mmserve.config import CacheConfig, ModelConfig, SchedulerConfig
+from mmserve.config import CacheConfig, ExecutionConfig, ModelConfig, SchedulerConfig
 from mmserve.core.sched_output import ModelRunnerOutput, SchedulerOutput
 from mmserve.worker.model_runner import ModelRunner
 
 
 def default_cpu_threads() -> int:
-    """All cores but one: the API server and the image preprocessing processes need CPU too, and
-    an oversubscribed torch thread pool is several times slower than a smaller one (measured in
-    benchmarks/results/visionarena.md: 6-8x on 2 cores)."""
-    return max(1, (os.cpu_count() or 1) - 1)
+    """Every core this process may run on, as vLLM's CPU backend uses all of a node's cores: the
+    model's matmuls and attention are where a step's time goes, while the API server and the
+    preprocess workers mostly wait (measured in BENCHMARKS.md, "threads"). MMSERVE_NUM_THREADS
+    or `num_threads` set it otherwise, e.g. on a machine shared with other jobs."""
+    return max(1, len(os.sched_getaffinity(0)))
 
 
 def default_device() -> torch.device:
@@ -31,13 +32,15 @@ class Worker:
         scheduler_config: SchedulerConfig,
         device: torch.device | None = None,
         seed: int = 0,
+        execution_config: ExecutionConfig | None = None,
     ) -> None:
+        execution_config = execution_config or ExecutionConfig()
         self.device = device or default_device()
         if self.device.type == "cpu":
-            torch.set_num_threads(envs.num_threads() or default_cpu_threads())
+            torch.set_num_threads(execution_config.num_threads or envs.num_threads() or default_cpu_threads())
         torch.manual_seed(seed)
         self.cache_config = cache_config
-        self.runner = ModelRunner(model_config, cache_config, scheduler_config, self.device)
+        self.runner = ModelRunner(model_config, cache_config, scheduler_config, self.device, execution_config)
         self.num_blocks = self._num_blocks()
         self.runner.initialize_kv_cache(self.num_blocks)
 

@@ -16,11 +16,12 @@ from mmserve.testing.reference import synthetic_image
 SIZES = [(224, 224), (300, 200), (150, 450), (28, 560), (900, 30), (56, 56), (1000, 800)]
 
 
-@pytest.fixture(scope="module")
-def towers(model_dir):
+@pytest.fixture(scope="module", params=["torch", "cpu"])
+def towers(model_dir, request):
+    """Both CPU kernel sets: the torch reference and the C++ kernels."""
     ref = AutoModelForImageTextToText.from_pretrained(model_dir, dtype=torch.float32).eval()
     config = ModelConfig.from_pretrained(model_dir, dtype="float32")
-    ours = load_model(config, get_attention_backend(torch.device("cpu")), torch.device("cpu"))
+    ours = load_model(config, get_attention_backend(request.param, torch.device("cpu")), torch.device("cpu"))
     return ref, ours, Qwen2VLImageProcessorPil.from_pretrained(model_dir)
 
 

@@ -1,7 +1,8 @@
 """Triton kernels for the GPU path, each with the contract of its `mmserve.ops.reference` twin.
 
 `is_available()` says whether they can run here: Triton importable, and either a CUDA device or
-Triton's CPU interpreter (TRITON_INTERPRET=1, set before this package is imported) present.
+Triton's CPU interpreter, which importing this package turns on where there is no CUDA device
+and TRITON_INTERPRET is not set (`interpreter.py`).
 The wrappers are exported only where Triton is importable.
 """
 
@@ -25,6 +26,12 @@ def is_available() -> bool:
 
 
 if importlib.util.find_spec("triton") is not None:
+    if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") is None:
+        os.environ["TRITON_INTERPRET"] = "1"  # no GPU: the interpreter is the only way to run them
+    if _interpreter_on():
+        from mmserve.ops.triton import interpreter
+
+        interpreter.enable()
     from mmserve.ops.triton.activation import silu_and_mul
     from mmserve.ops.triton.kv_cache import write_kv
     from mmserve.ops.triton.norm import fused_add_rms_norm, rms_norm

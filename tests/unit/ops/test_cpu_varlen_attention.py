@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from mmserve.layers.attention.varlen import varlen_attention as torch_varlen_attention
 from mmserve.ops import cpu, reference
+from mmserve.ops.sdpa import varlen_attention_sdpa as torch_varlen_attention
 
 FP32_TOLERANCE = {"rtol": 1e-5, "atol": 1e-5}
 BF16_TOLERANCE = {"rtol": 2**-7, "atol": 1e-5}

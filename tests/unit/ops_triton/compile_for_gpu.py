@@ -6,7 +6,8 @@ The interpreter runs kernels but never compiles them; this builds each wrapper's
 (its `plan_*` function, on CPU tensors of model-like shapes), specialises the arguments as
 Triton's JIT would, and compiles to a cubin with Triton's bundled ptxas. It prints shared
 memory, registers and spills per launch, and exits non-zero on a compile error or on shared
-memory over the architecture's limit. TRITON_INTERPRET must be unset.
+memory over the architecture's limit. TRITON_INTERPRET must be 0 (importing mmserve.ops.triton without a GPU
+turns the interpreter on where it is unset).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from collections.abc import Iterator
 import torch
 
 if os.environ.get("TRITON_INTERPRET", "0") != "0":
-    sys.exit("unset TRITON_INTERPRET: this compiles kernels instead of interpreting them")
+    sys.exit("set TRITON_INTERPRET=0: this compiles kernels instead of interpreting them")
 
 import triton
 from triton._C.libtriton import native_specialize_impl
