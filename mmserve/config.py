@@ -40,6 +40,25 @@ def parse_dtype(name: str | torch.dtype, default: torch.dtype) -> torch.dtype:
     return _DTYPES[name]
 
 
+# CPU flags (/proc/cpuinfo) with which torch computes a half-precision dtype natively.
+_FAST_CPU_FLAGS = {torch.bfloat16: {"avx512_bf16", "amx_bf16"}, torch.float16: {"avx512_fp16", "amx_fp16"}}
+
+
+def cpu_computes_natively(dtype: torch.dtype) -> bool:
+    """float32 always; bfloat16 / float16 only on CPUs with matching instructions (AVX512-BF16,
+    AMX...): elsewhere torch converts every operand, and a bf16 linear layer runs several times
+    slower than a float32 one (4-20x on an AVX2-only EPYC: BENCHMARKS.md, "dtype")."""
+    if dtype not in _FAST_CPU_FLAGS:
+        return True
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    lines = [line for line in text.splitlines() if line.startswith("flags")]
+    flags = set(lines[0].split(":", 1)[1].split()) if lines else set()
+    return bool(_FAST_CPU_FLAGS[dtype] & flags)
+
+
 @dataclass(frozen=True)
 class VisionConfig:
     """The vision tower of a Qwen2-VL-family model."""
@@ -350,8 +369,14 @@ class EngineArgs:
     device: str | None = field_default(EngineConfig, "device")
 
     def create_engine_config(self) -> EngineConfig:
-        """Read the model folder and build every slice (raises FileNotFoundError / ValueError)."""
+        """Read the model folder and build every slice (raises FileNotFoundError / ValueError).
+
+        dtype "auto" is the checkpoint's, except on a CPU that cannot compute it natively, where
+        it is float32 (a bf16 checkpoint then runs in float32, as fast and exact)."""
         model = ModelConfig.from_pretrained(self.model, self.dtype, self.max_model_len)
+        on_cpu = (self.device or ("cuda" if torch.cuda.is_available() else "cpu")).startswith("cpu")
+        if self.dtype == "auto" and on_cpu and not cpu_computes_natively(model.dtype):
+            model = dataclasses.replace(model, dtype=torch.float32)
         return EngineConfig(
             model=model,
             cache=CacheConfig(
