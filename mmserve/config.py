@@ -44,7 +44,7 @@ def parse_dtype(name: str | torch.dtype, default: torch.dtype) -> torch.dtype:
 class VisionConfig:
     """The vision tower of a Qwen2-VL-family model."""
 
-    family: str  # "qwen2_vl" | "qwen2_5_vl"
+    family: str  # "qwen2_vl" | "qwen2_5_vl" | "qwen3_vl"
     depth: int
     dim: int  # width of the vision transformer (Qwen2-VL `embed_dim`, Qwen2.5-VL `hidden_size`)
     num_heads: int
@@ -58,6 +58,9 @@ class VisionConfig:
     rope_theta: float = 10000.0
     window_size: int = 0  # Qwen2.5-VL window attention (pixels); 0 = none
     fullatt_block_indexes: tuple[int, ...] = ()
+    tokens_per_second: float = 0.0  # Qwen2.5-VL: temporal position units per second of video
+    num_position_embeddings: int = 0  # Qwen3-VL: learned position table (a square grid)
+    deepstack_visual_indexes: tuple[int, ...] = ()  # Qwen3-VL: blocks whose features feed the LM
 
     @property
     def head_dim(self) -> int:
@@ -89,10 +92,15 @@ class ModelConfig:
     max_model_len: int
     eos_token_ids: tuple[int, ...] = ()
     max_image_tokens: int = 0  # placeholder tokens of the largest image the processor can produce
+    video_token_id: int = -1
+    max_video_tokens: int = 0  # placeholder tokens of the largest video item (Qwen3-VL: one frame pair)
+    explicit_head_dim: int = 0  # Qwen3 sets head_dim in its config; 0 = hidden_size / num_heads
+    qkv_bias: bool = True  # Qwen2 has q/k/v biases; Qwen3 has none (and q/k norms instead)
+    mrope_interleaved: bool = False  # Qwen3-VL interleaves the t/h/w rotary channels
 
     @property
     def head_dim(self) -> int:
-        return self.hidden_size // self.num_heads
+        return self.explicit_head_dim or self.hidden_size // self.num_heads
 
     @classmethod
     def from_pretrained(
@@ -106,7 +114,7 @@ class ModelConfig:
         # transformers 5 saves text fields under text_config; the hub releases keep them flat.
         text = {**raw, **raw.get("text_config", {})}
         family = raw.get("model_type", "")
-        if family not in ("qwen2_vl", "qwen2_5_vl"):
+        if family not in ("qwen2_vl", "qwen2_5_vl", "qwen3_vl"):
             raise ValueError(f"unsupported model_type {family!r} in {config_file}")
         rope = text.get("rope_scaling") or text.get("rope_parameters") or {}
         checkpoint_dtype = parse_dtype(
@@ -139,6 +147,11 @@ class ModelConfig:
             max_model_len=max_model_len or limit,
             eos_token_ids=_eos_ids(path, text),
             max_image_tokens=_max_image_tokens(path, raw["vision_config"]),
+            video_token_id=int(raw.get("video_token_id", -1)),
+            max_video_tokens=_max_video_tokens(path, family, raw["vision_config"]),
+            explicit_head_dim=int(text.get("head_dim") or 0) if family == "qwen3_vl" else 0,
+            qkv_bias=bool(text.get("attention_bias", family != "qwen3_vl")),
+            mrope_interleaved=bool(rope.get("mrope_interleaved", False)),
         )
 
 
@@ -152,6 +165,16 @@ def _vision_config(family: str, raw: dict, text_hidden_size: int) -> VisionConfi
         temporal_patch_size=int(raw.get("temporal_patch_size", 2)),
         in_channels=int(raw.get("in_chans", raw.get("in_channels", 3))),
     )
+    if family == "qwen3_vl":
+        return VisionConfig(
+            dim=int(raw["hidden_size"]),
+            mlp_dim=int(raw["intermediate_size"]),
+            out_dim=int(raw.get("out_hidden_size", text_hidden_size)),
+            hidden_act=raw.get("hidden_act", "gelu_pytorch_tanh"),
+            num_position_embeddings=int(raw.get("num_position_embeddings", 2304)),
+            deepstack_visual_indexes=tuple(raw.get("deepstack_visual_indexes", (8, 16, 24))),
+            **common,
+        )
     if family == "qwen2_vl":
         dim = int(raw["embed_dim"])
         return VisionConfig(
@@ -168,19 +191,40 @@ def _vision_config(family: str, raw: dict, text_hidden_size: int) -> VisionConfi
         hidden_act=raw.get("hidden_act", "silu"),
         window_size=int(raw.get("window_size", 112)),
         fullatt_block_indexes=tuple(raw.get("fullatt_block_indexes", (7, 15, 23, 31))),
+        tokens_per_second=float(raw.get("tokens_per_second", 2)),
         **common,
     )
 
 
-def _max_image_tokens(path: Path, vision: dict) -> int:
-    """max_pixels / (patch · merge)²: smart-resize keeps every image within max_pixels."""
-    processor_file = path / "preprocessor_config.json"
+def _processor_limits(path: Path, vision: dict, name: str, default_max_pixels: int) -> tuple[int, int]:
+    """(max_pixels, factor) of the processor config file `name`, where factor = patch · merge."""
+    processor_file = path / name
     processor = json.loads(processor_file.read_text()) if processor_file.is_file() else {}
-    max_pixels = processor.get("max_pixels") or processor.get("size", {}).get("longest_edge") or 12845056
+    max_pixels = processor.get("max_pixels") or processor.get("size", {}).get("longest_edge")
     factor = int(processor.get("patch_size", vision.get("patch_size", 14))) * int(
         processor.get("merge_size", vision.get("spatial_merge_size", 2))
     )
-    return int(max_pixels) // (factor * factor)
+    return int(max_pixels or default_max_pixels), factor
+
+
+def _max_image_tokens(path: Path, vision: dict) -> int:
+    """max_pixels / (patch · merge)²: smart-resize keeps every image within max_pixels."""
+    max_pixels, factor = _processor_limits(path, vision, "preprocessor_config.json", 12845056)
+    return max_pixels // (factor * factor)
+
+
+MAX_VIDEO_FRAMES = 768  # the Qwen video processors' `max_frames`
+
+
+def _max_video_tokens(path: Path, family: str, vision: dict) -> int:
+    """Tokens of the largest video item. Qwen2-VL / Qwen2.5-VL bound each frame by max_pixels and a
+    video is one item of up to MAX_VIDEO_FRAMES frames; Qwen3-VL bounds the whole clip by
+    max_pixels and each pair of frames is an item of its own (timestamps separate them)."""
+    max_pixels, factor = _processor_limits(path, vision, "video_preprocessor_config.json", 28 * 28 * 768)
+    temporal = int(vision.get("temporal_patch_size", 2))
+    if family == "qwen3_vl":
+        return max_pixels // (temporal * factor * factor)
+    return max_pixels // (factor * factor) * -(-MAX_VIDEO_FRAMES // temporal)
 
 
 def _eos_ids(path: Path, text: dict) -> tuple[int, ...]:
@@ -242,6 +286,8 @@ class SchedulerConfig:
 
 DEFAULT_IMAGES_PER_PROMPT = 8
 """Images one prompt may carry when `limit_per_prompt` does not name "image"."""
+DEFAULT_VIDEOS_PER_PROMPT = 1
+"""Videos one prompt may carry when `limit_per_prompt` does not name "video"."""
 
 
 @dataclass(frozen=True)
@@ -249,10 +295,21 @@ class MultiModalConfig:
     limit_per_prompt: dict[str, int] = field(default_factory=lambda: {"image": DEFAULT_IMAGES_PER_PROMPT})
     processor_cache_bytes: int = 1 << 30
     preprocess_workers: int | None = None  # None = min(4, cpu count); 0 = in-process
+    # How media are loaded, per modality (vLLM's --media-io-kwargs): {"video": {"num_frames": 16}}
+    media_io_kwargs: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        unknown = set(self.limit_per_prompt) - {"image", "video"}
+        if unknown:
+            raise ValueError(f"limit_mm_per_prompt names unknown modalities {sorted(unknown)} (image, video)")
 
     @property
     def max_images_per_prompt(self) -> int:
         return self.limit_per_prompt.get("image", DEFAULT_IMAGES_PER_PROMPT)
+
+    @property
+    def max_videos_per_prompt(self) -> int:
+        return self.limit_per_prompt.get("video", DEFAULT_VIDEOS_PER_PROMPT)
 
 
 @dataclass(frozen=True)
@@ -267,18 +324,27 @@ class EngineConfig:
     device: str | None = None  # None = cuda when available, else cpu
 
     @property
+    def max_item_tokens(self) -> int:
+        """Tokens of the largest image or video item a prompt may carry (never more than the
+        context: a longer item could not be used anyway)."""
+        largest = self.model.max_image_tokens
+        if self.multimodal.max_videos_per_prompt > 0:
+            largest = max(largest, min(self.model.max_video_tokens, self.model.max_model_len))
+        return largest
+
+    @property
     def encoder_budget(self) -> int:
-        """Embeddings encoded per step: by default exactly the largest image the processor can
-        produce, so any image can be scheduled, while one step never encodes more than that
-        (a step that encodes several large images stalls every decoding request behind it)."""
-        return self.scheduler.encoder_compute_budget or self.model.max_image_tokens
+        """Embeddings encoded per step: by default exactly the largest item the processor can
+        produce, so any image or video can be scheduled, while one step never encodes more than
+        that (a step that encodes several large items stalls every decoding request behind it)."""
+        return self.scheduler.encoder_compute_budget or self.max_item_tokens
 
     @property
     def encoder_cache_size(self) -> int:
         """Embeddings kept: at least a step's worth of tokens, so chunked prefill through images
         and requests sharing an image do not evict each other's embeddings (as vLLM sizes it)."""
         return self.scheduler.encoder_cache_size or max(
-            self.scheduler.max_num_batched_tokens, self.model.max_image_tokens, self.encoder_budget
+            self.scheduler.max_num_batched_tokens, self.max_item_tokens, self.encoder_budget
         )
 
 
@@ -320,6 +386,9 @@ class EngineArgs:
         default_factory=lambda: field_default(MultiModalConfig, "limit_per_prompt")
     )
     mm_processor_cache_gb: float = field_default(MultiModalConfig, "processor_cache_bytes") / _GIB
+    media_io_kwargs: dict[str, dict[str, Any]] = field(
+        default_factory=lambda: field_default(MultiModalConfig, "media_io_kwargs")
+    )
     preprocess_workers: int | None = field_default(MultiModalConfig, "preprocess_workers")
     seed: int = field_default(EngineConfig, "seed")
     device: str | None = field_default(EngineConfig, "device")
@@ -349,6 +418,7 @@ class EngineArgs:
                 limit_per_prompt=dict(self.limit_mm_per_prompt or {}),
                 processor_cache_bytes=int(self.mm_processor_cache_gb * _GIB),
                 preprocess_workers=self.preprocess_workers,
+                media_io_kwargs=dict(self.media_io_kwargs or {}),
             ),
             seed=self.seed,
             device=self.device,

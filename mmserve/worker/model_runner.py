@@ -131,7 +131,8 @@ class ModelRunner:
         if plan:
             sources = [self.encoder_cache.get(h)[first : first + count] for h, first, count, _ in plan]
             destinations = np.concatenate([np.arange(dst, dst + count) for _, _, count, dst in plan])
-            embeds[torch.from_numpy(destinations).to(self.device)] = torch.cat(sources).to(embeds.dtype)
+            rows = torch.from_numpy(destinations).to(self.device)
+            embeds = self.model.merge_multimodal_embeddings(embeds, rows, torch.cat(sources))
         return embeds
 
     def _sample(self, inputs: StepInputs, hidden: torch.Tensor) -> ModelRunnerOutput:
