@@ -133,7 +133,7 @@ def video_grid(num_frames: int, height: int, width: int, settings: VideoSettings
     return grid_t, resized_h // settings.patch_size, resized_w // settings.patch_size
 
 
-def pixel_values_nbytes(grid: GridTHW, settings: VideoSettings) -> int:
+def video_pixel_values_nbytes(grid: GridTHW, settings: VideoSettings) -> int:
     return grid[0] * grid[1] * grid[2] * settings.patch_dim * 4  # float32
 
 

@@ -70,7 +70,8 @@ def probe_video(data: bytes, settings: VideoSettings) -> VideoHeader:
             raise CorruptVideo(f"video frames have no size ({width}x{height})")
         if width * height > settings.max_frame_pixels:
             raise VideoTooLarge(
-                f"video frames are {width}x{height}, more than the limit of {settings.max_frame_pixels:,} pixels"
+                f"video frames are {width}x{height}, more than the limit of "
+                f"{settings.max_frame_pixels:,} pixels"
             )
         num_frames = stream.frames or _count_frames(container, settings.max_video_frames)
         if num_frames > settings.max_video_frames:

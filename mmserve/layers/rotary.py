@@ -74,18 +74,24 @@ class MRotaryEmbedding(nn.Module):
 
 
 def mrope_input_positions(
-    num_tokens: int, images: Sequence[tuple[int, int, tuple[int, int, int]]], spatial_merge_size: int
+    num_tokens: int,
+    images: Sequence[tuple[int, int, tuple[int, int, int]]],
+    spatial_merge_size: int,
+    time_intervals: Sequence[float] | None = None,
 ) -> tuple[np.ndarray, int]:
     """M-RoPE positions of a prompt and the delta that continues them for generated tokens.
 
     images: (offset of the first placeholder token, number of placeholder tokens, (t, h, w) patch grid)
-    per image, in prompt order. Returns positions [3, num_tokens] int64 and `delta` such that the
-    token at index i ≥ num_tokens has position i + delta in all three rows.
+    per image or video, in prompt order. `time_intervals` (one per item, default 1) spaces the
+    temporal positions of a video: temporal patch i sits at ⌊i · interval⌋ computed in float32,
+    as transformers does for Qwen2.5-VL. Returns positions [3, num_tokens] int64 and `delta`
+    such that the token at index i ≥ num_tokens has position i + delta in all three rows.
     """
     positions = np.empty((3, num_tokens), dtype=np.int64)
     next_pos = 0
     text_start = 0
-    for offset, length, (t, h, w) in images:
+    intervals = time_intervals if time_intervals is not None else [1.0] * len(images)
+    for (offset, length, (t, h, w)), interval in zip(images, intervals, strict=True):
         text_len = offset - text_start
         positions[:, text_start:offset] = next_pos + np.arange(text_len)
         next_pos += text_len
@@ -94,7 +100,8 @@ def mrope_input_positions(
             raise ValueError(
                 f"image at {offset} has {length} placeholder tokens but its grid gives {t * rows * cols}"
             )
-        tt, hh, ww = np.meshgrid(np.arange(t), np.arange(rows), np.arange(cols), indexing="ij")
+        temporal = (np.arange(t, dtype=np.float32) * np.float32(interval)).astype(np.int64)
+        tt, hh, ww = np.meshgrid(temporal, np.arange(rows), np.arange(cols), indexing="ij")
         positions[:, offset : offset + length] = next_pos + np.stack([tt.ravel(), hh.ravel(), ww.ravel()])
         next_pos += max(rows, cols)
         text_start = offset + length

@@ -98,7 +98,8 @@ def image_cu_seqlens(grid_thw: Sequence[Grid]) -> list[int]:
     """Each frame of each image attends only within itself."""
     cu = [0]
     for t, h, w in grid_thw:
-        cu.extend(cu[-1] + h * w * (i + 1) for i in range(t))
+        start = cu[-1]  # (read once: extending from a generator that reads cu[-1] would compound)
+        cu.extend(start + h * w * (i + 1) for i in range(t))
     return cu
 
 

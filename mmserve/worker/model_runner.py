@@ -98,6 +98,7 @@ class ModelRunner:
             new.mm_features,
             new.sampling_params,
             self.model_config.vision.spatial_merge_size,
+            self.model_config.vision.tokens_per_second,
         )
         state.block_ids = list(new.block_ids)
         self.batch.add(state, new.num_computed_tokens)
