@@ -33,6 +33,8 @@ def _open(data: bytes, settings: VideoSettings) -> av.container.InputContainer:
         container = av.open(io.BytesIO(data), mode="r")
     except (MemoryError, RecursionError):
         raise
+    except EOFError:  # (av.EOFError is one) a header and nothing after it
+        raise EmptyVideo("the video ends before its first frame (no frames, or truncated)") from None
     except Exception:  # PyAV raises FFmpegError subclasses, and others on odd input
         raise UnsupportedVideoFormat("not a video in a supported format (mp4, webm, gif)") from None
     if container.format.name not in settings.containers:
@@ -73,17 +75,28 @@ def probe_video(data: bytes, settings: VideoSettings) -> VideoHeader:
                 f"video frames are {width}x{height}, more than the limit of "
                 f"{settings.max_frame_pixels:,} pixels"
             )
+        rate = stream.average_rate
         num_frames = stream.frames or _count_frames(container, settings.max_video_frames)
+        if not stream.frames and container.duration and rate:
+            _check_not_truncated(num_frames, container.duration / 1e6 * float(rate))
         if num_frames > settings.max_video_frames:
             raise VideoTooLarge(
                 f"the video has {num_frames:,} frames, more than the limit of {settings.max_video_frames:,}"
             )
         if num_frames == 0:
             raise EmptyVideo("the video has no frames")
-        rate = stream.average_rate
         return VideoHeader(width, height, int(num_frames), float(rate) if rate else None)
     finally:
         container.close()
+
+
+def _check_not_truncated(num_frames: int, announced_frames: float) -> None:
+    """Where frames were counted, the header's duration still says how many there should be."""
+    if num_frames < announced_frames - 1.5:  # (a frame of rounding either way)
+        raise CorruptVideo(
+            f"the video is truncated: its header announces about {announced_frames:.0f} frames, "
+            f"the data holds {num_frames}"
+        )
 
 
 def check_decode_cost(header: VideoHeader, last_index: int, settings: VideoSettings) -> None:

@@ -72,3 +72,24 @@ def encode_clip(clip: Clip) -> bytes:
 
 def frames_as_images(frames: np.ndarray) -> list[Image.Image]:
     return [Image.fromarray(f) for f in frames]
+
+
+def encode_blank(width: int, height: int, num_frames: int, container: str = "mp4") -> bytes:
+    """Black frames, encoded as fast as possible: for clips whose size, not content, matters
+    (thousands of frames, frames of many megapixels, none at all)."""
+    container_format, codec = _CODECS[container]
+    buffer = io.BytesIO()
+    with av.open(buffer, mode="w", format=container_format) as output:
+        stream = output.add_stream(codec, rate=30)
+        stream.width, stream.height = width, height
+        stream.pix_fmt = "rgb8" if container == "gif" else "yuv420p"
+        if codec == "libx264":
+            stream.options = {"preset": "ultrafast"}
+        output.start_encoding()  # writes the header even when no frame follows
+        frame = av.VideoFrame.from_ndarray(np.zeros((height, width, 3), np.uint8), format="rgb24")
+        for _ in range(num_frames):
+            for packet in stream.encode(frame):
+                output.mux(packet)
+        for packet in stream.encode():
+            output.mux(packet)
+    return buffer.getvalue()
