@@ -17,6 +17,8 @@ from typing import Any
 
 import torch
 
+from mmserve.model_folder import eos_ids, max_image_tokens, max_video_tokens
+
 _DTYPES = {
     "float32": torch.float32,
     "fp32": torch.float32,
@@ -145,10 +147,10 @@ class ModelConfig:
             vision=_vision_config(family, raw["vision_config"], int(text["hidden_size"])),
             dtype=parse_dtype(dtype, checkpoint_dtype),
             max_model_len=max_model_len or limit,
-            eos_token_ids=_eos_ids(path, text),
-            max_image_tokens=_max_image_tokens(path, raw["vision_config"]),
+            eos_token_ids=eos_ids(path, text),
+            max_image_tokens=max_image_tokens(path, raw["vision_config"]),
             video_token_id=int(raw.get("video_token_id", -1)),
-            max_video_tokens=_max_video_tokens(path, family, raw["vision_config"]),
+            max_video_tokens=max_video_tokens(path, family, raw["vision_config"]),
             explicit_head_dim=int(text.get("head_dim") or 0) if family == "qwen3_vl" else 0,
             qkv_bias=bool(text.get("attention_bias", family != "qwen3_vl")),
             mrope_interleaved=bool(rope.get("mrope_interleaved", False)),
@@ -194,48 +196,6 @@ def _vision_config(family: str, raw: dict, text_hidden_size: int) -> VisionConfi
         tokens_per_second=float(raw.get("tokens_per_second", 2)),
         **common,
     )
-
-
-def _processor_limits(path: Path, vision: dict, name: str, default_max_pixels: int) -> tuple[int, int]:
-    """(max_pixels, factor) of the processor config file `name`, where factor = patch · merge."""
-    processor_file = path / name
-    processor = json.loads(processor_file.read_text()) if processor_file.is_file() else {}
-    max_pixels = processor.get("max_pixels") or processor.get("size", {}).get("longest_edge")
-    factor = int(processor.get("patch_size", vision.get("patch_size", 14))) * int(
-        processor.get("merge_size", vision.get("spatial_merge_size", 2))
-    )
-    return int(max_pixels or default_max_pixels), factor
-
-
-def _max_image_tokens(path: Path, vision: dict) -> int:
-    """max_pixels / (patch · merge)²: smart-resize keeps every image within max_pixels."""
-    max_pixels, factor = _processor_limits(path, vision, "preprocessor_config.json", 12845056)
-    return max_pixels // (factor * factor)
-
-
-MAX_VIDEO_FRAMES = 768  # the Qwen video processors' `max_frames`
-
-
-def _max_video_tokens(path: Path, family: str, vision: dict) -> int:
-    """Tokens of the largest video item. Qwen2-VL / Qwen2.5-VL bound each frame by max_pixels and a
-    video is one item of up to MAX_VIDEO_FRAMES frames; Qwen3-VL bounds the whole clip by
-    max_pixels and each pair of frames is an item of its own (timestamps separate them)."""
-    max_pixels, factor = _processor_limits(path, vision, "video_preprocessor_config.json", 28 * 28 * 768)
-    temporal = int(vision.get("temporal_patch_size", 2))
-    if family == "qwen3_vl":
-        return max_pixels // (temporal * factor * factor)
-    return max_pixels // (factor * factor) * -(-MAX_VIDEO_FRAMES // temporal)
-
-
-def _eos_ids(path: Path, text: dict) -> tuple[int, ...]:
-    """EOS ids from generation_config.json (which may list several), else config.json."""
-    generation_file = path / "generation_config.json"
-    eos = json.loads(generation_file.read_text()).get("eos_token_id") if generation_file.is_file() else None
-    if eos is None:
-        eos = text.get("eos_token_id")
-    if eos is None:
-        return ()
-    return tuple(eos) if isinstance(eos, list) else (int(eos),)
 
 
 @dataclass(frozen=True)
