@@ -58,7 +58,6 @@ def _count_frames(container: av.container.InputContainer, limit: int) -> int:
                     break
     except av.FFmpegError as exc:
         raise CorruptVideo(f"video data is truncated or corrupt: {exc}") from None
-    container.seek(0)
     return count
 
 
