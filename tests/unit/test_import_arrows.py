@@ -120,7 +120,9 @@ def test_a_forbidden_import_is_caught(tmp_path):
         "mmserve/__init__.py": "",
         "mmserve/config.py": "",
         "mmserve/core/__init__.py": "",
-        "mmserve/core/scheduler.py": "from mmserve.config import X\nfrom mmserve.worker.model_runner import Y\n",
+        "mmserve/core/scheduler.py": (
+            "from mmserve.config import X\nfrom mmserve.worker.model_runner import Y\n"
+        ),
         "mmserve/worker/__init__.py": "",
         "mmserve/worker/model_runner.py": "from ..core.sched_output import SchedulerOutput\n",
         "preprocess/__init__.py": "def f():\n    import mmserve.envs\n",
