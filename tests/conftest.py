@@ -18,7 +18,7 @@ from mmserve.testing.checkpoints import checkpoint
 
 torch.set_num_threads(2)
 
-FAMILIES = ("qwen2_vl", "qwen2_5_vl")
+FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")
 
 
 @pytest.fixture(scope="session", params=FAMILIES)

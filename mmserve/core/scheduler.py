@@ -101,8 +101,8 @@ class Scheduler:
             limit = min(self.encoder_budget, self.encoder_cache_manager.cache_size)
             if f.length > limit:
                 raise ValueError(
-                    f"an image needs {f.length} tokens, more than the encoder budget/cache allows per "
-                    f"image ({limit}); raise them or send a smaller image"
+                    f"an {f.modality} needs {f.length} tokens, more than the encoder budget/cache allows "
+                    f"per item ({limit}); raise them or send a smaller {f.modality}"
                 )
         if -(-(request.num_prompt_tokens + 1) // self.block_size) > self.kv.pool.num_blocks:
             raise ValueError(

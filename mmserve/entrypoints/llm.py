@@ -77,11 +77,15 @@ class LLM:
         messages: list[dict] | list[list[dict]],
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
         chat_template_kwargs: dict | None = None,
+        mm_processor_kwargs: dict | None = None,
     ) -> list[RequestOutput]:
-        """One conversation (a list of OpenAI-style messages) or a list of conversations."""
+        """One conversation (a list of OpenAI-style messages) or a list of conversations.
+        `mm_processor_kwargs` ({"num_frames": N} or {"fps": F}) samples their videos."""
         conversations = messages if messages and isinstance(messages[0], list) else [messages]
         kwargs = chat_template_kwargs or {}
-        prompts = [self._inputs.chat(conversation, **kwargs) for conversation in conversations]
+        prompts = [
+            self._inputs.chat(conversation, mm_processor_kwargs, **kwargs) for conversation in conversations
+        ]
         return self._run(prompts, sampling_params)
 
     def stats(self) -> SchedulerStats:

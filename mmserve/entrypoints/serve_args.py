@@ -50,6 +50,20 @@ def parse_limit_mm(text: str) -> dict[str, int]:
     return value
 
 
+def parse_media_io_kwargs(text: str) -> dict[str, dict]:
+    """--media-io-kwargs '{"video": {"num_frames": 16}}' (or {"fps": 2}), as vLLM names it."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError:
+        raise argparse.ArgumentTypeError(
+            f'--media-io-kwargs takes JSON like \'{{"video": {{"num_frames": 16}}}}\', got {text!r}'
+        ) from None
+    video = value.get("video", {}) if isinstance(value, dict) else None
+    if set(value or {}) - {"video"} or not isinstance(video, dict) or set(video) - {"num_frames", "fps"}:
+        raise argparse.ArgumentTypeError('--media-io-kwargs sets {"video": {"num_frames": N} or {"fps": F}}')
+    return value
+
+
 def _engine_flag(group: argparse._ArgumentGroup, name: str, help_text: str, **options) -> None:
     """--name-with-dashes for the EngineArgs field `name`, with that field's default."""
     flag = "--" + name.replace("_", "-")
@@ -182,8 +196,16 @@ def _add_multimodal_arguments(group: argparse._ArgumentGroup) -> None:
     _engine_flag(
         group,
         "limit_mm_per_prompt",
-        f"""JSON, e.g. '{{"image": 4}}' (default '{limit}').""",
+        f"""JSON, e.g. '{{"image": 4, "video": 1}}' (default '{limit}'; videos 1 where unnamed).""",
         type=parse_limit_mm,
+    )
+    _engine_flag(
+        group,
+        "media_io_kwargs",
+        """JSON, how videos are sampled unless a request's mm_processor_kwargs says otherwise: """
+        """'{"video": {"num_frames": 16}}' or '{"video": {"fps": 2}}' (default: the model's video """
+        """processor's fps where it samples, else 32 frames).""",
+        type=parse_media_io_kwargs,
     )
     _engine_flag(
         group,

@@ -15,8 +15,9 @@ from mmserve.frontend.input_processor import InputProcessor
 from mmserve.frontend.media import MediaLoader
 from mmserve.frontend.output_processor import OutputProcessor
 from mmserve.frontend.tokenizer import Tokenizer
+from mmserve.frontend.video_inputs import VIDEO_PAD, VideoSupport, VideoTokens, parse_sampling
 from mmserve.sampling_params import SamplingParams
-from preprocess import PreprocessPool, ProcessorSettings
+from preprocess import PreprocessPool, ProcessorSettings, VideoSettings
 
 
 @dataclass
@@ -61,10 +62,35 @@ def build_frontend(config: EngineConfig, media: MediaLoader, *, open_ended: bool
     )
     try:
         inputs = InputProcessor(
-            tokenizer, pool, media, config.model.max_model_len, config.multimodal.max_images_per_prompt
+            tokenizer,
+            pool,
+            media,
+            config.model.max_model_len,
+            config.multimodal.max_images_per_prompt,
+            video_support(config, tokenizer),
         )
         default_params = default_sampling_params(model_dir, open_ended=open_ended)
     except BaseException:
         pool.close()
         raise
     return Frontend(tokenizer, pool, inputs, OutputProcessor(tokenizer), default_params)
+
+
+def video_support(config: EngineConfig, tokenizer: Tokenizer) -> VideoSupport:
+    """The model's video processor (video_preprocessor_config.json, else preprocessor_config.json
+    as transformers falls back), the server's default sampling and the per-prompt limit."""
+    model_dir = config.model.path
+    video_file = model_dir / "video_preprocessor_config.json"
+    if not video_file.is_file():
+        video_file = model_dir / "preprocessor_config.json"
+    settings = VideoSettings.from_hf_config(json.loads(video_file.read_text()), config.model.family)
+    tokens = VideoTokens(
+        family=config.model.family,
+        pad_id=tokenizer.token_to_id(VIDEO_PAD),
+        vision_start_id=config.model.vision_start_token_id,
+        vision_end_id=config.model.vision_end_token_id,
+        temporal_patch_size=settings.temporal_patch_size,
+        encode=tokenizer.encode,
+    )
+    sampling = parse_sampling(config.multimodal.media_io_kwargs.get("video"))
+    return VideoSupport(settings, tokens, config.multimodal.max_videos_per_prompt, sampling)

@@ -1,4 +1,5 @@
-"""Turning an `image_url` into bytes: data URLs, allowed local files, allowed http(s) hosts.
+"""Turning an `image_url` or a `video_url` into bytes: data URLs, allowed local files, allowed
+http(s) hosts.
 
 Everything a client controls is checked here before any byte is read: the URL scheme, base64
 validity, that a local path stays under the allowed root after resolving symlinks, and sizes.
@@ -18,15 +19,20 @@ class MediaError(ValueError):
     """The client's image reference cannot be used; the message is safe to show them."""
 
 
-def decode_data_url(url: str, max_bytes: int) -> bytes:
+IMAGE_MEDIA_TYPES = ("image/",)
+VIDEO_MEDIA_TYPES = ("video/", "image/gif")
+
+
+def decode_data_url(url: str, max_bytes: int, media_types: tuple[str, ...] = IMAGE_MEDIA_TYPES) -> bytes:
     header, sep, payload = url.partition(",")
     if not sep:
         raise MediaError("malformed data URL: no ',' separating the header from the data")
     if not header.startswith("data:") or not header.endswith(";base64"):
-        raise MediaError("data URLs must look like data:image/<type>;base64,<data>")
+        raise MediaError(f"data URLs must look like data:{media_types[0]}<type>;base64,<data>")
     media_type = header[len("data:") : -len(";base64")]
-    if media_type and not media_type.startswith("image/"):
-        raise MediaError(f"data URL media type {media_type!r} is not an image")
+    if media_type and not media_type.startswith(media_types):
+        kind = "a video" if media_types == VIDEO_MEDIA_TYPES else "an image"
+        raise MediaError(f"data URL media type {media_type!r} is not {kind}")
     if len(payload) > max_bytes * 4 // 3 + 4:
         raise MediaError(f"image data exceeds the {max_bytes} byte limit")
     try:
@@ -77,27 +83,38 @@ class MediaLoader:
         allowed_media_domains: list[str] | None = None,
         max_image_bytes: int = 20 << 20,
         fetch_timeout_s: float = 10.0,
+        max_video_bytes: int = 48 << 20,
     ) -> None:
         self.allowed_root = Path(allowed_local_media_path) if allowed_local_media_path else None
         self.allowed_domains = [d.lower() for d in allowed_media_domains or []]
         self.max_image_bytes = max_image_bytes
+        self.max_video_bytes = max_video_bytes
         self.fetch_timeout_s = fetch_timeout_s
 
     def load(self, url: str) -> bytes:
         """Bytes of the image behind `url`; raises MediaError with a client-facing message."""
         if not isinstance(url, str) or not url:
             raise MediaError("image_url.url must be a non-empty string")
+        return self._load(url, self.max_image_bytes, IMAGE_MEDIA_TYPES)
+
+    def load_video(self, url: str) -> bytes:
+        """Bytes of the video behind `url` (the same sources as images, a larger size limit)."""
+        if not isinstance(url, str) or not url:
+            raise MediaError("video_url.url must be a non-empty string")
+        return self._load(url, self.max_video_bytes, VIDEO_MEDIA_TYPES)
+
+    def _load(self, url: str, max_bytes: int, media_types: tuple[str, ...]) -> bytes:
         if url.startswith("data:"):
-            return decode_data_url(url, self.max_image_bytes)
+            return decode_data_url(url, max_bytes, media_types)
         parsed = urlparse(url)
         if parsed.scheme == "file":
             if parsed.netloc not in ("", "localhost"):
                 raise MediaError("file:// URLs must not name a host")
-            return read_local_file(parsed.path, self.allowed_root, self.max_image_bytes)
+            return read_local_file(parsed.path, self.allowed_root, max_bytes)
         if parsed.scheme in ("http", "https"):
             from mmserve.frontend.http_fetch import fetch_image
 
-            return fetch_image(url, self.allowed_domains, self.max_image_bytes, self.fetch_timeout_s)
+            return fetch_image(url, self.allowed_domains, max_bytes, self.fetch_timeout_s)
         if parsed.scheme == "" and url.startswith("/"):
-            return read_local_file(url, self.allowed_root, self.max_image_bytes)
+            return read_local_file(url, self.allowed_root, max_bytes)
         raise MediaError(f"unsupported image URL scheme {parsed.scheme or url[:16]!r}")

@@ -14,7 +14,7 @@ from mmserve.config import ModelConfig
 from mmserve.layers.activation import SiluAndMul
 from mmserve.layers.attention import AttentionBackend, AttentionMetadata
 from mmserve.layers.norm import RMSNorm
-from mmserve.layers.rotary import MRotaryEmbedding
+from mmserve.layers.rotary import InterleavedMRotaryEmbedding, MRotaryEmbedding
 
 # checkpoint name fragment → (fused parameter fragment, shard index)
 STACKED_PARAMS = {
@@ -34,11 +34,15 @@ class Qwen2Attention(nn.Module):
         self.head_dim = config.head_dim
         self.q_size = self.num_heads * self.head_dim
         self.kv_size = self.num_kv_heads * self.head_dim
-        self.qkv_proj = nn.Linear(config.hidden_size, self.q_size + 2 * self.kv_size, bias=True)
+        self.qkv_proj = nn.Linear(config.hidden_size, self.q_size + 2 * self.kv_size, bias=config.qkv_bias)
         self.o_proj = nn.Linear(self.q_size, config.hidden_size, bias=False)
         self.rotary = rotary
         self.backend = backend
         self.scale = self.head_dim**-0.5
+
+    def normalize_qk(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per-head normalisation before the rotary embedding: none in Qwen2."""
+        return q, k
 
     def forward(
         self,
@@ -52,7 +56,7 @@ class Qwen2Attention(nn.Module):
         q = q.view(num_tokens, self.num_heads, self.head_dim)
         k = k.view(num_tokens, self.num_kv_heads, self.head_dim)
         v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
-        q, k = self.rotary(positions, q, k)
+        q, k = self.rotary(positions, *self.normalize_qk(q, k))
         attn = self.backend.forward(q, k, v, kv_cache, metadata, self.scale)  # [T, H, D]
         return self.o_proj(attn.reshape(num_tokens, self.q_size))
 
@@ -69,10 +73,12 @@ class Qwen2MLP(nn.Module):
 
 
 class Qwen2DecoderLayer(nn.Module):
+    attention_class: type[Qwen2Attention] = Qwen2Attention
+
     def __init__(self, config: ModelConfig, rotary: MRotaryEmbedding, backend: AttentionBackend) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.self_attn = Qwen2Attention(config, rotary, backend)
+        self.self_attn = self.attention_class(config, rotary, backend)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = Qwen2MLP(config.hidden_size, config.intermediate_size)
 
@@ -98,15 +104,18 @@ class Qwen2DecoderLayer(nn.Module):
 class Qwen2Model(nn.Module):
     """Embeddings, decoder layers and the final norm (the checkpoint's `model.*` tensors)."""
 
+    decoder_layer_class: type[Qwen2DecoderLayer] = Qwen2DecoderLayer
+
     def __init__(self, config: ModelConfig, backend: AttentionBackend) -> None:
         super().__init__()
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
         # One rotary table shared by every layer (a submodule of this model, not of the layers).
-        self.rotary = MRotaryEmbedding(
+        rotary_class = InterleavedMRotaryEmbedding if config.mrope_interleaved else MRotaryEmbedding
+        self.rotary = rotary_class(
             config.head_dim, config.rope_theta, config.mrope_section, config.max_model_len + 1
         )
         self.layers = nn.ModuleList(
-            Qwen2DecoderLayer(config, self.rotary, backend) for _ in range(config.num_layers)
+            self.decoder_layer_class(config, self.rotary, backend) for _ in range(config.num_layers)
         )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 

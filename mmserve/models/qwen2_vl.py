@@ -98,7 +98,8 @@ def image_cu_seqlens(grid_thw: Sequence[Grid]) -> list[int]:
     """Each frame of each image attends only within itself."""
     cu = [0]
     for t, h, w in grid_thw:
-        cu.extend(cu[-1] + h * w * (i + 1) for i in range(t))
+        start = cu[-1]  # (read once: extending from a generator that reads cu[-1] would compound)
+        cu.extend(start + h * w * (i + 1) for i in range(t))
     return cu
 
 
@@ -146,13 +147,21 @@ class Qwen2VLForConditionalGeneration(nn.Module):
             self.lm_head.weight = self.model.embed_tokens.weight
 
     def encode_images(self, pixel_values: torch.Tensor, grid_thw: Sequence[Grid]) -> list[torch.Tensor]:
-        """Run the vision tower once over several images → one [num_tokens_i, hidden] tensor each."""
+        """Run the vision tower once over several images or videos → one [num_tokens_i, width]
+        tensor each (width = hidden, or more where the model caches extra features per token)."""
         merged = self.visual(pixel_values, grid_thw)
         unit = self.config.vision.spatial_merge_size**2
         return list(merged.split([t * h * w // unit for t, h, w in grid_thw]))
 
     def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
         return self.model.embed_tokens(input_ids)
+
+    def merge_multimodal_embeddings(
+        self, embeds: torch.Tensor, rows: torch.Tensor, mm_embeds: torch.Tensor
+    ) -> torch.Tensor:
+        """Put vision embeddings [V, hidden] at their placeholder rows [V] of the step's embeds."""
+        embeds[rows] = mm_embeds.to(embeds.dtype)
+        return embeds
 
     def forward(
         self,

@@ -120,10 +120,14 @@ def new_request_state(
     mm_features: list[MultiModalFeature],
     sampling_params: SamplingParams,
     spatial_merge_size: int,
+    tokens_per_second: float = 0.0,
 ) -> RequestState:
-    """State for a request entering the batch; M-RoPE positions of its prompt are computed once."""
+    """State for a request entering the batch; M-RoPE positions of its prompt are computed once.
+    With `tokens_per_second` (Qwen2.5-VL) a video's temporal positions advance by that many per
+    second of video; otherwise by one per temporal patch."""
     images = [(f.offset, f.length, f.grid_thw) for f in mm_features]
-    positions, delta = mrope_input_positions(len(prompt_token_ids), images, spatial_merge_size)
+    intervals = [video_time_interval(f, tokens_per_second) for f in mm_features]
+    positions, delta = mrope_input_positions(len(prompt_token_ids), images, spatial_merge_size, intervals)
     return RequestState(
         req_id=req_id,
         prompt_token_ids=list(prompt_token_ids),
@@ -134,3 +138,11 @@ def new_request_state(
         mrope_delta=delta,
         mm_end=max((f.offset + f.length for f in mm_features), default=0),
     )
+
+
+def video_time_interval(feature: MultiModalFeature, tokens_per_second: float) -> float:
+    """Temporal position units per temporal patch: tokens_per_second × seconds per patch, rounded
+    through float32 as transformers' tensors are (1 for images and where the model has no rate)."""
+    if feature.modality != "video" or not tokens_per_second:
+        return 1.0
+    return float(np.float32(tokens_per_second) * np.float32(feature.seconds_per_temporal_patch))

@@ -102,6 +102,7 @@ class ModelRunner:
             new.mm_features,
             new.sampling_params,
             self.model_config.vision.spatial_merge_size,
+            self.model_config.vision.tokens_per_second,
         )
         self.batch.add(state, new.num_computed_tokens, new.block_ids)
 
@@ -132,7 +133,8 @@ class ModelRunner:
         if plan:
             sources = [self.encoder_cache.get(h)[first : first + count] for h, first, count, _ in plan]
             destinations = np.concatenate([np.arange(dst, dst + count) for _, _, count, dst in plan])
-            embeds[torch.from_numpy(destinations).to(self.device)] = torch.cat(sources).to(embeds.dtype)
+            rows = torch.from_numpy(destinations).to(self.device)
+            embeds = self.model.merge_multimodal_embeddings(embeds, rows, torch.cat(sources))
         return embeds
 
     def _sample(self, inputs: StepInputs, hidden: torch.Tensor) -> ModelRunnerOutput:

@@ -15,6 +15,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 LEAVES = {
     "mmserve.config",
+    "mmserve.model_folder",
     "mmserve.envs",
     "mmserve.protocol",
     "mmserve.sampling_params",

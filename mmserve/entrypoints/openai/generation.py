@@ -43,7 +43,7 @@ def client_error(e: Exception) -> OpenAIError:
     if isinstance(e, EngineDeadError):
         return OpenAIError(503, f"the engine is not running: {e}")
     if isinstance(e, PreprocessError):
-        return OpenAIError(500, f"image preprocessing failed: {e}")
+        return OpenAIError(500, f"image or video preprocessing failed: {e}")
     return OpenAIError(500, f"internal error: {type(e).__name__}")
 
 

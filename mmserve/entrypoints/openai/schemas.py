@@ -39,6 +39,14 @@ _IMAGE_PART = {
         "image_url": {"type": "object", "required": ["url"], "properties": {"url": {"type": "string"}}},
     },
 }
+_VIDEO_PART = {
+    "type": "object",
+    "required": ["type", "video_url"],
+    "properties": {
+        "type": {"const": "video_url"},
+        "video_url": {"type": "object", "required": ["url"], "properties": {"url": {"type": "string"}}},
+    },
+}
 MESSAGE_JSON_SCHEMA = {
     "type": "object",
     "required": ["role", "content"],
@@ -47,7 +55,7 @@ MESSAGE_JSON_SCHEMA = {
         "content": {
             "anyOf": [
                 {"type": "string"},
-                {"type": "array", "items": {"anyOf": [_TEXT_PART, _IMAGE_PART]}},
+                {"type": "array", "items": {"anyOf": [_TEXT_PART, _IMAGE_PART, _VIDEO_PART]}},
             ]
         },
     },
@@ -98,6 +106,7 @@ class ChatCompletionRequest(_SamplingFields):
     logprobs: bool = False
     top_logprobs: Int64 | None = None
     chat_template_kwargs: dict[str, Any] | None = None
+    mm_processor_kwargs: dict[str, Any] | None = None  # vLLM's: {"num_frames": N} or {"fps": F} for videos
 
     def sampling_params(self, defaults: SamplingParams) -> SamplingParams:
         overrides = self._sampling_overrides()

@@ -60,7 +60,8 @@ async def build_chat(state: AppState, request: ChatCompletionRequest) -> Generat
     if "messages" in template_kwargs:
         raise bad_request("chat_template_kwargs must not set 'messages'", "chat_template_kwargs")
     reservation = admit(state, 1)
-    prompt = await prepare(reservation, state.frontend.inputs.chat_async(request.messages, **template_kwargs))
+    chat = state.frontend.inputs.chat_async(request.messages, request.mm_processor_kwargs, **template_kwargs)
+    prompt = await prepare(reservation, chat)
     return Generation(state, [prompt], params, request.priority, reservation)
 
 
