@@ -23,8 +23,10 @@ from mmserve.layers.sampler import LogprobsTensors, Sampler
 from mmserve.models.loader import load_model
 from mmserve.worker.encoder_cache import EncoderCache
 from mmserve.worker.input_batch import InputBatch, new_request_state
+from mmserve.worker.prompt_logprobs import compute_prompt_logprobs
 from mmserve.worker.sampling_metadata import build_sampling_metadata
 from mmserve.worker.step_inputs import StepInputs, multimodal_scatter_plan, prepare_step_inputs
+from mmserve.worker.token_constraints import grammar_fields
 
 
 class ModelRunner:
@@ -45,6 +47,7 @@ class ModelRunner:
         self.batch = InputBatch(scheduler_config.max_num_seqs, model_config.max_model_len, max_blocks_per_req)
         self.kv_caches: list[torch.Tensor] = []
         self.num_encoder_calls = 0  # forward passes of the vision tower (tests count these)
+        self.prompt_logprob_req_ids: set[str] = set()  # held requests that ask for prompt logprobs
 
     # ---------------------------------------------------------------- KV cache
 
@@ -72,14 +75,21 @@ class ModelRunner:
         )
         embeds = self._embed(inputs)
         hidden = self.model(embeds, inputs.positions, self.kv_caches, inputs.attn_metadata)
-        output = self._sample(inputs, hidden)
+        prompt_logprobs = {}
+        if self.prompt_logprob_req_ids:
+            prompt_logprobs = compute_prompt_logprobs(
+                self.model.compute_logits, self.batch, inputs, hidden, self.prompt_logprob_req_ids
+            )
+        output = self._sample(inputs, hidden, scheduler_output)
         output.num_encoder_runs = num_encoded
+        output.prompt_logprobs = prompt_logprobs
         return output
 
     def _update_states(self, so: SchedulerOutput) -> None:
         for req_id in so.dropped_req_ids:
             if req_id in self.batch.row_of:
                 self.batch.remove(req_id)
+            self.prompt_logprob_req_ids.discard(req_id)
         self.encoder_cache.free(so.free_encoder_mm_hashes)
         cached = so.scheduled_cached_reqs
         for req_id, new_blocks, num_computed in zip(
@@ -101,6 +111,8 @@ class ModelRunner:
         )
         state.block_ids = list(new.block_ids)
         self.batch.add(state, new.num_computed_tokens)
+        if new.sampling_params.prompt_logprobs is not None:
+            self.prompt_logprob_req_ids.add(new.req_id)
 
     def _run_encoder(self, so: SchedulerOutput) -> int:
         """Encode, in one vision-tower call, every image scheduled this step that is not cached."""
@@ -134,7 +146,7 @@ class ModelRunner:
             embeds[torch.from_numpy(destinations).to(self.device)] = torch.cat(sources).to(embeds.dtype)
         return embeds
 
-    def _sample(self, inputs: StepInputs, hidden: torch.Tensor) -> ModelRunnerOutput:
+    def _sample(self, inputs: StepInputs, hidden: torch.Tensor, so: SchedulerOutput) -> ModelRunnerOutput:
         """Sample for the requests that computed their last known token; append to the batch."""
         sampled_rows = inputs.rows[inputs.sample_mask]
         sampled_token_ids: list[list[int]] = [[] for _ in inputs.req_ids]
@@ -144,8 +156,11 @@ class ModelRunner:
             metadata = build_sampling_metadata(
                 self.batch, sampled_rows, self.model_config.vocab_size, self.device
             )
-            result = self.sampler(logits, metadata)
             positions = np.nonzero(inputs.sample_mask)[0]
+            sampled_ids = [inputs.req_ids[pos] for pos in positions]
+            for name, value in grammar_fields(so.grammar_bitmask, sampled_ids, self.device).items():
+                setattr(metadata, name, value)
+            result = self.sampler(logits, metadata)
             for i, (pos, row, token) in enumerate(
                 zip(positions, sampled_rows, result.sampled_token_ids.tolist())
             ):
