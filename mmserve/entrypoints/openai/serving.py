@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import re
 from collections.abc import AsyncIterator
 
 from mmserve.entrypoints.openai.chat_messages import prepare_messages
@@ -60,6 +61,16 @@ def _truncated(prompt: ProcessedPrompt, params: SamplingParams, reservation: Res
         raise bad_request(str(e), "truncate_prompt_tokens") from None
 
 
+def _invalid(error: ValueError, request: ChatCompletionRequest | CompletionRequest):
+    """The 400 for a ValueError from building the request's params: SamplingParams' messages
+    start with the field they are about, which becomes the error's `param`."""
+    if isinstance(error, FieldError):
+        return bad_request(str(error), error.field)
+    match = re.match(r"[a-z_]+", str(error))
+    name = match.group(0) if match else None
+    return bad_request(str(error), name if name in type(request).model_fields else None)
+
+
 def _log_user(request: ChatCompletionRequest | CompletionRequest) -> None:
     user = request.user or getattr(request, "safety_identifier", None)
     if user:
@@ -77,10 +88,8 @@ async def build_chat(state: AppState, request: ChatCompletionRequest) -> Generat
         tools, parse_tools = _apply_tools(request, params)
         knows_tools = state.frontend.tokenizer.chat_template_mentions("tools")
         messages = prepare_messages(request.messages, tools, knows_tools)
-    except FieldError as e:
-        raise bad_request(str(e), e.field) from None
     except ValueError as e:
-        raise bad_request(str(e)) from None
+        raise _invalid(e, request) from None
     params = await _engine_params(state, params, request.stream)
     template_kwargs = dict(request.chat_template_kwargs or {})
     if "messages" in template_kwargs:
@@ -172,10 +181,8 @@ async def build_completion(state: AppState, request: CompletionRequest) -> Gener
     _log_user(request)
     try:
         params = request.sampling_params(state.frontend.default_params)
-    except FieldError as e:
-        raise bad_request(str(e), e.field) from None
     except ValueError as e:
-        raise bad_request(str(e)) from None
+        raise _invalid(e, request) from None
     try:
         prompts = request.prompts()
     except ValueError as e:

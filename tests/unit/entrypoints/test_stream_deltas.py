@@ -104,7 +104,9 @@ class FakeGeneration(Generation):
     """A Generation whose deltas come from a list instead of the engine."""
 
     def __init__(self, params: SamplingParams, deltas: list) -> None:
-        state = SimpleNamespace(served_model_name="m", metrics=SimpleNamespace(observe_request=lambda *a: None))
+        state = SimpleNamespace(
+            served_model_name="m", metrics=SimpleNamespace(observe_request=lambda *a: None)
+        )
         self.state, self.params, self.prompts = state, params, [SimpleNamespace(token_ids=[1, 2])]
         self.id_base, self.created, self.start = "test", 0, 0.0
         self.num_completion_tokens, self.num_cached_tokens = 0, {}
@@ -120,7 +122,9 @@ def three_choices_finishing_apart() -> list:
     """Deltas of an n = 3 request whose choices finish at different steps."""
     processor = OutputProcessor(PieceTokenizer(["a", "b", "c", "d"]))
     params = SamplingParams(n=3, max_tokens=None)
-    ids = [engine_id for engine_id, _ in processor.add_request("r", None, [0], params, RequestOutputKind.DELTA)]
+    ids = [
+        engine_id for engine_id, _ in processor.add_request("r", None, [0], params, RequestOutputKind.DELTA)
+    ]
     deltas = []
     for step in range(4):
         outputs = [
