@@ -68,12 +68,19 @@ class GrammarGate:
         self.compiling.append(request)
 
     def take_compiled(self) -> list[tuple[Request, str | None]]:
-        """The requests whose grammar is ready, with the compile error of those it failed for."""
-        ready = [r for r in self.compiling if self.tracker.is_ready(r.request_id)]
-        if not ready:
-            return []
-        self.compiling = [r for r in self.compiling if r not in ready]
-        return [(r, self.tracker.start(r.request_id)) for r in ready]
+        """The requests whose grammar is ready, with the compile error of those it failed for
+        (these stay here until the scheduler fails them; the others leave)."""
+        ready, still = [], []
+        for request in self.compiling:
+            if not self.tracker.is_ready(request.request_id):
+                still.append(request)
+                continue
+            error = self.tracker.start(request.request_id)
+            ready.append((request, error))
+            if error is not None:
+                still.append(request)
+        self.compiling = still
+        return ready
 
     def accept(self, request: Request, token_id: int) -> bool:
         """Advance a request's matcher by its newest output token (True for unstructured ones)."""

@@ -141,6 +141,7 @@ class Generation:
         self.start = time.monotonic()
         self.num_completion_tokens = 0
         self.parse_tools = False  # chat with tools: <tool_call> blocks become tool_calls
+        self.parallel_tool_calls = True  # False: only the first call is returned
         self.num_returned = params.n  # choices per prompt in the answer (fewer than n under best_of)
         self.keep_logprobs = params.logprobs is not None  # False when only best_of asked for them
         self.num_cached_tokens: dict[int, int] = {}  # prompt index → its prefix-cache hit

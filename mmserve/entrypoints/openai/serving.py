@@ -101,7 +101,7 @@ async def build_chat(state: AppState, request: ChatCompletionRequest) -> Generat
     prompt = await prepare(reservation, state.frontend.inputs.chat_async(messages, **template_kwargs))
     prompt = _truncated(prompt, params, reservation)
     generation = Generation(state, [prompt], params, request.priority, reservation)
-    generation.parse_tools = parse_tools
+    generation.parse_tools, generation.parallel_tool_calls = parse_tools, request.parallel_tool_calls
     return generation
 
 
@@ -126,11 +126,11 @@ def _apply_tools(request: ChatCompletionRequest, params: SamplingParams) -> tupl
     return tools, True
 
 
-def _chat_message(completion: CompletionOutput, parse_tools: bool) -> tuple[dict, str | None]:
+def _chat_message(completion: CompletionOutput, generation: Generation) -> tuple[dict, str | None]:
     """The choice's message and finish_reason ("tool_calls" when it called tools)."""
-    if not parse_tools:
+    if not generation.parse_tools:
         return {"role": "assistant", "content": completion.text}, completion.finish_reason
-    content, calls = parse_tool_calls(completion.text)
+    content, calls = parse_tool_calls(completion.text, generation.parallel_tool_calls)
     message = {"role": "assistant", "content": content}
     if not calls:
         return message, completion.finish_reason
@@ -142,7 +142,7 @@ async def chat_response(generation: Generation) -> dict:
     [output] = await generation.final_outputs()
     choices = []
     for completion in output.outputs:
-        message, finish_reason = _chat_message(completion, generation.parse_tools)
+        message, finish_reason = _chat_message(completion, generation)
         choices.append(
             {
                 "index": completion.index,
@@ -167,7 +167,7 @@ def chat_stream(generation: Generation, request: ChatCompletionRequest) -> Async
     return stream_response(
         generation,
         "chat.completion.chunk",
-        lambda index: ChatChoiceStream(index, top, generation.parse_tools),
+        lambda index: ChatChoiceStream(index, top, generation.parse_tools, generation.parallel_tool_calls),
         request.include_usage,
         request.continuous_usage,
     )

@@ -48,10 +48,10 @@ class ChatChoiceStream:
     """A chat choice: role first, then content or tool-call deltas (when tools are in play,
     `<tool_call>` blocks become tool_calls; text that may open one waits until it cannot)."""
 
-    def __init__(self, index: int, top_logprobs: int, parse_tools: bool) -> None:
+    def __init__(self, index: int, top_logprobs: int, parse_tools: bool, parallel_calls: bool = True) -> None:
         self.index = index
         self.top_logprobs = top_logprobs
-        self.tools = ToolCallParser() if parse_tools else None
+        self.tools = ToolCallParser(parallel_calls) if parse_tools else None
         self.opened = False
 
     def chunks(self, delta: CompletionOutput) -> list[dict]:

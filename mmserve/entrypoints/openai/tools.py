@@ -52,11 +52,15 @@ def _parse_call(body: str) -> ToolCall | None:
 class ToolCallParser:
     """Split text fed piece by piece into content and tool calls. Text that may be the start
     of `<tool_call>` waits for the next piece; a block that does not parse as a call stays
-    content, as written."""
+    content, as written. Whitespace after a call is a separator, not content, unless more text
+    follows it. With `parallel` False (OpenAI's parallel_tool_calls) calls after the first are
+    dropped."""
 
-    def __init__(self) -> None:
+    def __init__(self, parallel: bool = True) -> None:
+        self.parallel = parallel
         self._buffer = ""
         self._in_call = False
+        self._pending_space = ""  # whitespace after a call, held until text shows it is content
         self.num_calls = 0
 
     def feed(self, text: str, final: bool = False) -> tuple[str, list[ToolCall]]:
@@ -68,35 +72,42 @@ class ToolCallParser:
                 start = self._buffer.find(TOOL_CALL_START)
                 if start < 0:
                     keep = 0 if final else held_back_chars(self._buffer, [TOOL_CALL_START])
-                    content.append(self._buffer[: len(self._buffer) - keep])
+                    content.append(self._content(self._buffer[: len(self._buffer) - keep]))
                     self._buffer = self._buffer[len(self._buffer) - keep :]
                     break
-                content.append(self._buffer[:start])
+                content.append(self._content(self._buffer[:start]))
                 self._buffer = self._buffer[start + len(TOOL_CALL_START) :]
                 self._in_call = True
             end = self._buffer.find(TOOL_CALL_END)
             if end < 0:
                 if final:  # an unfinished block is text
-                    content.append(TOOL_CALL_START + self._buffer)
+                    content.append(self._content(TOOL_CALL_START + self._buffer))
                     self._buffer = ""
                 break
             body, self._buffer = self._buffer[:end], self._buffer[end + len(TOOL_CALL_END) :]
             self._in_call = False
             call = _parse_call(body)
             if call is None:
-                content.append(TOOL_CALL_START + body + TOOL_CALL_END)
-            else:
+                content.append(self._content(TOOL_CALL_START + body + TOOL_CALL_END))
+            elif self.parallel or not self.num_calls:
                 calls.append(call)
-        self.num_calls += len(calls)
-        released = "".join(content)
-        if self.num_calls and not released.strip():
-            released = ""  # the separators between calls are not content
-        return released, calls
+                self.num_calls += 1
+                self._pending_space = ""
+        return "".join(content), calls
+
+    def _content(self, text: str) -> str:
+        if not self.num_calls:
+            return text
+        if not text.strip():
+            self._pending_space += text
+            return ""
+        text, self._pending_space = self._pending_space + text, ""
+        return text
 
 
-def parse_tool_calls(text: str) -> tuple[str | None, list[ToolCall]]:
+def parse_tool_calls(text: str, parallel: bool = True) -> tuple[str | None, list[ToolCall]]:
     """(content, calls) of a whole answer; content is None when the answer is only calls."""
-    content, calls = ToolCallParser().feed(text, final=True)
+    content, calls = ToolCallParser(parallel).feed(text, final=True)
     return (content or None) if calls else content, calls
 
 
