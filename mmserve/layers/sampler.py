@@ -45,8 +45,8 @@ class SamplingMetadata:
     logit_bias: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None  # (rows, ids, bias) [N]
     allowed_token_mask: torch.Tensor | None = None  # [B, V] bool; all True for unrestricted rows
     banned_tokens: tuple[torch.Tensor, torch.Tensor] | None = None  # (rows, ids) [N]: bad words
-    grammar_bitmask: torch.Tensor | None = None  # [G, ceil(V / 32)] int32, xgrammar's bit layout
-    grammar_rows: torch.Tensor | None = None  # [G] int64: the batch row each bitmask row is for
+    grammar_bitmask: torch.Tensor | None = None  # [B, ceil(V / 32)] int32, xgrammar's bit layout
+    grammar_rows: torch.Tensor | None = None  # [G] int64: the rows with a grammar (the others: all -1)
 
     @property
     def has_token_constraints(self) -> bool:
@@ -164,17 +164,13 @@ def apply_token_constraints(logits: torch.Tensor, metadata: SamplingMetadata) ->
     if metadata.banned_tokens is not None:
         logits[metadata.banned_tokens] = -math.inf
     if metadata.grammar_bitmask is not None:
-        allowed = unpack_bitmask(metadata.grammar_bitmask, logits.shape[-1])  # [G, V]
-        rows = metadata.grammar_rows
-        logits[rows] = logits[rows].masked_fill(~allowed, -math.inf)
+        import xgrammar  # the library whose bitmask layout this is; its kernels (CPU, Triton) apply it
+
+        rows = metadata.grammar_rows.tolist()
+        xgrammar.apply_token_bitmask_inplace(
+            logits, metadata.grammar_bitmask, vocab_size=logits.shape[-1], indices=rows
+        )
     return logits
-
-
-def unpack_bitmask(bitmask: torch.Tensor, vocab_size: int) -> torch.Tensor:
-    """[G, ceil(V / 32)] int32 words → [G, V] bool: token 32·k + j is allowed iff bit j of word k."""
-    shifts = torch.arange(32, dtype=torch.int32, device=bitmask.device)
-    bits = (bitmask[:, :, None] >> shifts) & 1  # [G, W, 32]
-    return bits.reshape(bitmask.shape[0], -1)[:, :vocab_size].bool()
 
 
 def sample(logits: torch.Tensor, metadata: SamplingMetadata) -> torch.Tensor:

@@ -57,7 +57,8 @@ def _banned(params: SamplingParams, output_token_ids: list[int]) -> list[int]:
 def grammar_fields(
     grammar: GrammarBitmask | None, sampled_req_ids: list[str], device: torch.device
 ) -> dict[str, Any]:
-    """The bitmask rows of the sampled requests that have one, and the batch rows they go to."""
+    """The grammar bitmask laid out by batch row (xgrammar applies row i of the bitmask to row
+    i of the logits; rows without a grammar allow everything) and the rows that have one."""
     if grammar is None:
         return {}
     position = {req_id: row for row, req_id in enumerate(sampled_req_ids)}
@@ -65,7 +66,9 @@ def grammar_fields(
     if not pairs:
         return {}
     source, rows = (np.array(column, dtype=np.int64) for column in zip(*pairs))
+    bitmask = np.full((len(sampled_req_ids), grammar.bitmask.shape[1]), -1, dtype=np.int32)  # [B, W]
+    bitmask[rows] = grammar.bitmask[source]
     return {
-        "grammar_bitmask": torch.from_numpy(grammar.bitmask[source]).to(device),
+        "grammar_bitmask": torch.from_numpy(bitmask).to(device),
         "grammar_rows": torch.from_numpy(rows).to(device),
     }
