@@ -36,6 +36,7 @@ from mmserve.core.sched_output import (
 )
 from mmserve.core.span_plan import SpanPlan, plan_span
 from mmserve.core.step_recovery import StepRecovery
+from mmserve.core.stopping import check_stop, unsent_prompt_logprobs
 from mmserve.protocol import EngineCoreOutput, EngineCoreOutputs, Logprobs, SchedulerStats
 
 
@@ -315,7 +316,7 @@ class Scheduler:
                 continue  # aborted while the step ran
             self.step_recovery.record_progress(request)
             self._release_passed_images(request)
-            prompt_logprobs = _unsent_prompt_logprobs(request, runner_output.prompt_logprobs.get(request_id))
+            prompt_logprobs = unsent_prompt_logprobs(request, runner_output.prompt_logprobs.get(request_id))
             if new_tokens or prompt_logprobs:  # no tokens mid-prefill
                 logprobs = runner_output.logprobs.get(request_id)
                 outputs.append(self._append_output_tokens(request, new_tokens, logprobs))
@@ -335,7 +336,7 @@ class Scheduler:
                 error = f"token {token} does not continue the request's structured output grammar"
                 self._finish(request, RequestStatus.FINISHED_ERROR)
                 break
-            status = self._check_stop(request, token)
+            status = check_stop(request, token, self.max_model_len)
             if status is None and self.grammar.is_terminated(request):
                 status = RequestStatus.FINISHED_STOPPED
             if status is not None:
@@ -361,18 +362,6 @@ class Scheduler:
         """Undo a step whose model run raised, after `schedule` returned `scheduler_output`; the
         contract is in step_recovery.py."""
         self.step_recovery.recover(scheduler_output, message)
-
-    def _check_stop(self, request: Request, token: int) -> RequestStatus | None:
-        params = request.sampling_params
-        if request.num_output_tokens >= params.min_tokens and token in params.all_stop_token_ids:
-            if token in params.stop_token_ids:
-                request.stop_reason = token
-            return RequestStatus.FINISHED_STOPPED
-        if params.max_tokens is not None and request.num_output_tokens >= params.max_tokens:
-            return RequestStatus.FINISHED_LENGTH_CAPPED
-        if request.num_tokens >= self.max_model_len:
-            return RequestStatus.FINISHED_LENGTH_CAPPED
-        return None
 
     def _release_passed_images(self, request: Request) -> None:
         """Keep references only to images the request is in the middle of. An image repeated later
@@ -425,16 +414,3 @@ class Scheduler:
             encoder_cache_references=self.encoder_cache_manager.num_references(),
             num_preemptions=self.num_preemptions,
         )
-
-
-def _unsent_prompt_logprobs(request: Request, computed: tuple[int, LogprobsLists] | None) -> Logprobs | None:
-    """The prompt logprobs a step computed (from position `computed[0]` on) that were not sent
-    before: a request recomputed after preemption scores its prompt again."""
-    if computed is None:
-        return None
-    start, lists = computed
-    skip = request.num_prompt_logprobs_sent - start
-    if skip >= len(lists.token_ids):
-        return None
-    request.num_prompt_logprobs_sent = start + len(lists.token_ids)
-    return Logprobs(lists.token_ids[skip:], lists.logprobs[skip:], lists.sampled_ranks[skip:])

@@ -201,7 +201,9 @@ class _SamplingFields(BaseModel):
         check_unsupported(self)
         log_unknown_fields(self)
         names = {spec.name for spec in dataclasses.fields(SamplingParams)} - {"structured_outputs"}
-        sent = self.model_dump(exclude_unset=True)
+        # Declared fields only: an unknown extra named like an internal SamplingParams field
+        # (eos_token_ids, detokenize, ...) must not reach the engine.
+        sent = self.model_dump(exclude_unset=True, include=set(type(self).model_fields))
         overrides = {name: value for name, value in sent.items() if name in names and value is not None}
         if self.logit_bias is not None:
             overrides["logit_bias"] = _token_keys(self.logit_bias)

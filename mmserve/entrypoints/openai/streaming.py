@@ -98,8 +98,9 @@ async def stream_response(
                 raise bad_request(delta.error)
             for completion in delta.outputs:
                 index = prompt_index * generation.params.n + completion.index
-                choice = choices.get(index) or choices.setdefault(index, new_choice(index))
-                for entry in choice.chunks(completion):
+                if index not in choices:
+                    choices[index] = new_choice(index)
+                for entry in choices[index].chunks(completion):
                     chunk = {**base, "choices": [entry]}
                     if continuous_usage:
                         chunk["usage"] = generation.usage()
