@@ -146,6 +146,3 @@ class StructuredOutputManager:
 
     def remove(self, request_id: str) -> None:
         self._requests.pop(request_id, None)
-
-    def close(self) -> None:
-        self._executor.shutdown(wait=False, cancel_futures=True)
