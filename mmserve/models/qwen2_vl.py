@@ -67,12 +67,14 @@ class VisionMLP(nn.Module):
 
 
 class VisionBlock(nn.Module):
+    mlp_class: type[nn.Module] = VisionMLP
+
     def __init__(self, vision: VisionConfig) -> None:
         super().__init__()
         self.norm1 = nn.LayerNorm(vision.dim, eps=1e-6)
         self.norm2 = nn.LayerNorm(vision.dim, eps=1e-6)
         self.attn = VisionAttention(vision.dim, vision.num_heads)
-        self.mlp = VisionMLP(vision.dim, vision.mlp_dim, vision.hidden_act)
+        self.mlp = self.mlp_class(vision.dim, vision.mlp_dim, vision.hidden_act)
 
     def forward(self, x, cos, sin, cu_seqlens: list[int]) -> torch.Tensor:
         x = x + self.attn(self.norm1(x), cos, sin, cu_seqlens)
