@@ -13,6 +13,7 @@ Correctness (`gpu_check_cases.py`; `passed` true/false per check, with the numbe
   graphs    decode CUDA graphs on vs off (--enforce-eager), token-identical over batches that
             pad up to the ladder, with the number of replays (proof that graphs ran)
   compile   torch.compile'd language model vs eager, token-identical
+  syncs     no host sync inside the model's forward (CUDA's sync debug mode set to "error")
 Timings (CUDA only, bf16; `gpu_timings.py`): HBM bandwidth and the bf16 matmul ceiling measured in
 the same run; decode steps of the mid model and of the 2B-shaped Qwen2-VL at batch 1 / 8 / 64
 against the HBM floor, graphs on and off; a prefill step against the matmul ceiling; offline
@@ -39,13 +40,14 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.gpu_check_cases import check_backends, check_compile, check_engine, check_graphs
+from benchmarks.gpu_check_cases import check_backends, check_compile, check_engine, check_graphs, check_syncs
 
 CHECKS: dict[str, Callable[[torch.device], dict]] = {
     "backends": check_backends,
     "engine": check_engine,
     "graphs": check_graphs,
     "compile": check_compile,
+    "syncs": check_syncs,
 }
 
 

@@ -286,3 +286,28 @@ def check_compile(device: torch.device) -> dict:
     """The compiled language model (with decode graphs on CUDA) against the eager engine."""
     result = compare_variants(device, {"compilation_config": {"level": 1}}, batch_sizes=(1, 9))
     return result | {"passed": result["ok"]}
+
+
+def check_syncs(device: torch.device) -> dict:
+    """No host sync inside the language model's forward (rotary, attention metadata, kernels):
+    every forward of a few eager steps, prompt chunks and decodes, runs under
+    torch.cuda.set_sync_debug_mode("error"), which raises on any synchronising call."""
+    if device.type != "cuda":
+        return {"skipped": "sync debug mode needs a CUDA device"}
+    with engine_variant(device, enforce_eager=True) as llm:
+        model = llm.engine_core.executor.runner.model
+        forward = model.forward
+        calls = 0
+
+        def strict_forward(*args, **kwargs):
+            nonlocal calls
+            calls += 1
+            torch.cuda.set_sync_debug_mode("error")
+            try:
+                return forward(*args, **kwargs)
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
+
+        model.forward = strict_forward
+        batch_tokens(llm, 3)
+    return {"forwards_checked": calls, "passed": calls > 0}

@@ -28,6 +28,7 @@ def test_the_compiled_language_model_gives_the_eager_tokens():
     with LLM(checkpoint("qwen2_vl"), **options) as eager:
         expected = tokens(eager)
     torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
     with LLM(checkpoint("qwen2_vl"), compilation_config={"level": 1}, **options) as compiled:
         language_model = compiled.engine_core.executor.runner.model.model
         assert language_model._compiled_call_impl is not None
