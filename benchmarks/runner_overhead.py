@@ -4,9 +4,11 @@ A real `ModelRunner` on the tiny Qwen2-VL, with its model swapped for a stub who
 logits cost nothing, driven through decode steps of a batch of N requests (prompt 512 tokens,
 one new token each step, a new block every `block_size` steps). What is timed is
 `execute_model` whole: applying the scheduler's diff, the step's input tensors, the embedding
-gather, sampling metadata, the sampler over real-sized logits and reading the tokens back.
+gather, sampling metadata, the sampler over the tiny model's 12032 logits per row (a real
+Qwen2-VL has 151936) and reading the tokens back. With CUDA graphs replaying the model, this
+host-side work is what is left of a decode step's CPU time.
 
-    python benchmarks/runner_overhead.py --batch-sizes 1 8 64 --steps 200
+    python -m benchmarks.runner_overhead --batch-sizes 1 8 64 --steps 200
 
 Greedy rows and random rows (temperature 0.8, top-p 0.95, seeded) are timed separately: the
 second exercises the sampling metadata. Prints the median microseconds per step.
