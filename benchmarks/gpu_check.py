@@ -1,118 +1,121 @@
-"""One prepared script for a lent GPU: check the CUDA paths, then time them. Prints a report.
+"""The one prepared check for a lent GPU: the CUDA paths' correctness first, then their timings,
+as one JSON report.
 
-Checks (correctness first): the paged attention backend on CUDA against dense attention; our
-Qwen2-VL and Qwen2.5-VL on CUDA against transformers on CUDA, greedy tokens in float32; the
-offline engine on CUDA. Timings: one decode step and one prefill step of the mid-size model in
-bfloat16, the vision tower on a large image, and LLM.generate throughput — each next to the same
-work on transformers where that makes sense.
+    python -m benchmarks.gpu_check                  # CUDA: the report goes to $OUT/gpu_check.json
+    python -m benchmarks.gpu_check --cpu --checks backends engine graphs   # the logic, on a CPU
 
-    python benchmarks/gpu_check.py --out $OUT/gpu_report.json     # on the device machine
+Correctness (`gpu_check_cases.py`; `passed` true/false per check, with the numbers behind it):
+  backends  every attention backend that runs here against the torch reference op over random
+            ragged steps (decode rows, prompt chunks, long split-KV contexts, GQA 1/2/6, block
+            tables with holes; fp32 and bf16 on CUDA), plus the kernel sets' other ops
+  engine    the engine against transformers, greedy, float32, Qwen2-VL and Qwen2.5-VL (tiny),
+            an image prompt chunked over several steps and a text prompt, run eagerly
+  graphs    decode CUDA graphs on vs off (--enforce-eager), token-identical over batches that
+            pad up to the ladder, with the number of replays (proof that graphs ran)
+  compile   torch.compile'd language model vs eager, token-identical
+  syncs     no host sync inside the model's forward (CUDA's sync debug mode set to "error")
+Timings (CUDA only, bf16; `gpu_timings.py`): HBM bandwidth and the bf16 matmul ceiling measured in
+the same run; decode steps of the mid model and of the 2B-shaped Qwen2-VL at batch 1 / 8 / 64
+against the HBM floor, graphs on and off; a prefill step against the matmul ceiling; offline
+VisionArena-style throughput of the mid model.
+
+Expected runtime on one H200: about 5 to 6 minutes (an estimate from the work, not measured:
+no GPU was lent while this was written): checkpoints ~40 s (the 2B one, 1.8B parameters, is
+generated on first use), correctness ~90 s (Triton JIT, two compiles, graph capture of the tiny
+model), timings ~180 s (+40 s where flash-attn is installed). A timing section that would start
+after --budget-s (default 420 s) is skipped and says so, so the whole run fits 8 minutes.
+Without CUDA and without --cpu it exits with status 2 and says why.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import sys
 import time
+import traceback
+from collections.abc import Callable
+from pathlib import Path
 
 import torch
 
-from mmserve.config import CacheConfig, ModelConfig, SchedulerConfig
-from mmserve.entrypoints.llm import LLM
-from mmserve.sampling_params import SamplingParams
-from mmserve.testing.checkpoints import checkpoint
-from mmserve.testing.driver import ChunkedDriver
-from mmserve.testing.reference import Reference, synthetic_image
-from mmserve.worker.model_runner import ModelRunner
+from benchmarks.gpu_check_cases import check_backends, check_compile, check_engine, check_graphs, check_syncs
+
+CHECKS: dict[str, Callable[[torch.device], dict]] = {
+    "backends": check_backends,
+    "engine": check_engine,
+    "graphs": check_graphs,
+    "compile": check_compile,
+    "syncs": check_syncs,
+}
 
 
-def timed(fn, repeats: int = 5) -> float:
-    fn()
-    torch.cuda.synchronize()
+def default_output() -> Path:
+    return Path(os.environ.get("OUT", ".")) / "gpu_check.json"
+
+
+def run_section(name: str, fn: Callable[[], dict]) -> dict:
+    """One section's result with its wall time; an exception is recorded, not raised, so one
+    failure does not hide the other results."""
     start = time.perf_counter()
-    for _ in range(repeats):
-        fn()
-    torch.cuda.synchronize()
-    return (time.perf_counter() - start) / repeats
+    try:
+        result = fn()
+    except Exception as e:
+        result = {"passed": False, "error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()}
+    result["seconds"] = round(time.perf_counter() - start, 2)
+    print(f"[gpu_check] {name}: {_summary(result)} ({result['seconds']} s)", flush=True)
+    return result
 
 
-def check_models(report: dict) -> None:
-    device = torch.device("cuda")
-    for family in ("qwen2_vl", "qwen2_5_vl"):
-        model_dir = checkpoint(family)
-        reference = Reference(model_dir)
-        reference.model.to(device)
-        messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "Describe."}]}]
-        prompt = reference.build_prompt(messages, [synthetic_image(300, 200, seed=1)])
-        runner = ModelRunner(
-            ModelConfig.from_pretrained(model_dir, dtype="float32"),
-            CacheConfig(),
-            SchedulerConfig(max_num_seqs=4),
-            device,
-        )
-        runner.initialize_kv_cache(256)
-        [ours] = ChunkedDriver(runner).generate([prompt], 16, chunk_size=32)
-        expected = _generate_on(reference, prompt, device)
-        report[f"{family}_cuda_tokens_match"] = ours.output[: len(expected)] == expected
+def _summary(result: dict) -> str:
+    if "skipped" in result:
+        return f"skipped ({result['skipped']})"
+    if "passed" in result:
+        return "passed" if result["passed"] else f"FAILED {result.get('error', '')}"
+    return "done"
 
 
-def _generate_on(reference: Reference, prompt, device) -> list[int]:
-    import numpy as np
-
-    ids = torch.tensor([prompt.token_ids], device=device)
-    out = reference.model.generate(
-        input_ids=ids,
-        attention_mask=torch.ones_like(ids),
-        mm_token_type_ids=(ids == reference.image_token_id).int(),
-        pixel_values=torch.from_numpy(np.concatenate(prompt.pixel_values)).to(device),
-        image_grid_thw=torch.tensor(prompt.grid_thw, device=device),
-        max_new_tokens=16,
-        do_sample=False,
-    )
-    return out[0, ids.shape[1] :].tolist()
-
-
-def time_engine(report: dict) -> None:
-    model_dir = checkpoint("qwen2_vl", "mid")
-    llm = LLM(model_dir, dtype="bfloat16", device="cuda", max_num_seqs=256, max_num_batched_tokens=8192)
-    prompts = [{"prompt_token_ids": list(range(100 + i, 612 + i))} for i in range(128)]
-    params = SamplingParams(temperature=0, max_tokens=64, ignore_eos=True)
-    llm.generate(prompts[:4], params)
-    start = time.perf_counter()
-    outs = llm.generate(prompts, params)
-    elapsed = time.perf_counter() - start
-    tokens = sum(len(o.prompt_token_ids) + len(o.outputs[0].token_ids) for o in outs)
-    report["mid_bf16_generate_tokens_per_s"] = tokens / elapsed
-    report["mid_bf16_generate_seconds"] = elapsed
-    runner = llm.engine_core.executor.runner
-    image = synthetic_image(1400, 1000, seed=3)
-    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
-
-    processed = Qwen2VLImageProcessorPil.from_pretrained(model_dir)(images=[image], return_tensors="pt")
-    pixels = processed["pixel_values"].to("cuda")
-    grid = [tuple(processed["image_grid_thw"][0].tolist())]
-    report["mid_bf16_vision_tower_s"] = timed(lambda: runner.model.encode_images(pixels, grid))
-    llm.close()
-
-
-def main() -> None:
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", default="gpu_report.json")
-    args = parser.parse_args()
-    report: dict = {"cuda": torch.cuda.is_available()}
-    if not report["cuda"]:
-        print("no CUDA device: nothing to check")
-        return
-    report["device"] = torch.cuda.get_device_name()
-    for name, step in (("models", check_models), ("engine", time_engine)):
-        try:
-            step(report)
-        except Exception as e:  # report and continue: one failure must not hide the other results
-            report[f"{name}_error"] = f"{type(e).__name__}: {e}"
-    print(json.dumps(report, indent=2))
-    with open(args.out, "w") as f:
-        json.dump(report, f, indent=2)
+    parser.add_argument("--out", type=Path, default=None, help="report path (default $OUT/gpu_check.json)")
+    parser.add_argument("--cpu", action="store_true", help="run the correctness checks on the CPU")
+    parser.add_argument("--checks", nargs="*", choices=list(CHECKS), default=list(CHECKS))
+    parser.add_argument("--no-timings", action="store_true")
+    parser.add_argument("--budget-s", type=float, default=420.0, help="no timing section starts after this")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if not args.cpu and not torch.cuda.is_available():
+        print(
+            "gpu_check: no CUDA device here (torch.cuda.is_available() is False); run it on a GPU "
+            "machine, or pass --cpu to run the correctness checks on the CPU",
+            file=sys.stderr,
+        )
+        return 2
+    started = time.perf_counter()
+    device = torch.device("cpu" if args.cpu else "cuda")
+    report: dict = {"device": _device_name(device), "torch": torch.__version__, "checks": {}}
+    for name in args.checks:
+        report["checks"][name] = run_section(name, lambda name=name: CHECKS[name](device))
+    if device.type == "cuda" and not args.no_timings:
+        from benchmarks.gpu_timings import run_timings
+
+        report["timings"] = run_timings(lambda: time.perf_counter() - started < args.budget_s, run_section)
+    report["passed"] = all(r.get("passed", True) for r in report["checks"].values())
+    report["seconds"] = round(time.perf_counter() - started, 1)
+    out = args.out or default_output()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=2, default=str))
+    print(f"[gpu_check] {'all checks passed' if report['passed'] else 'CHECKS FAILED'}; report: {out}")
+    return 0 if report["passed"] else 1
+
+
+def _device_name(device: torch.device) -> str:
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

@@ -298,17 +298,62 @@ class MultiModalConfig:
         return self.limit_per_prompt.get("video", DEFAULT_VIDEOS_PER_PROMPT)
 
 
-ATTENTION_BACKENDS = ("auto", "torch", "cpu", "triton")
+ATTENTION_BACKENDS = ("auto", "torch", "cpu", "triton", "flash_attn")
 """auto: the fastest that works on the device; torch: the plain-torch reference; cpu: the C++
-kernels (csrc/); triton: the Triton kernels (CUDA, or Triton's interpreter on CPU)."""
+kernels (csrc/); triton: the Triton kernels (CUDA, or Triton's interpreter on CPU); flash_attn:
+flash-attn's paged varlen kernel (CUDA, fp16/bf16, block sizes that are multiples of 256)."""
+
+COMPILATION_LEVELS = (0, 1)
+"""0: the language model runs eagerly; 1: torch.compile of the language model, paged attention
+kept out of the traced graph as one opaque op per layer (the pieces between are compiled)."""
+
+
+@dataclass(frozen=True)
+class CompilationConfig:
+    """How the language model is compiled and captured (the `--compilation-config` JSON, named
+    as vLLM's): `level` one of COMPILATION_LEVELS, None = 1 on CUDA and 0 on CPU; `backend`
+    torch.compile's; `cudagraph_capture_sizes` the decode batch sizes captured as CUDA graphs
+    (None = 1, 2, 4, then multiples of 8 up to max_num_seqs and at most 512; [] = none)."""
+
+    level: int | None = None
+    backend: str = "inductor"
+    cudagraph_capture_sizes: tuple[int, ...] | None = None
+
+    def __post_init__(self) -> None:
+        if self.level is not None and self.level not in COMPILATION_LEVELS:
+            raise ValueError(f"compilation level must be one of {COMPILATION_LEVELS}, got {self.level!r}")
+        sizes = self.cudagraph_capture_sizes
+        if sizes is not None and not all(isinstance(s, int) and s >= 1 for s in sizes):
+            raise ValueError(f"cudagraph_capture_sizes must be integers ≥ 1, got {list(sizes)}")
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any] | None) -> CompilationConfig:
+        """From the flag's JSON object; unknown keys are an error that names the known ones."""
+        values = dict(values or {})
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = set(values) - known
+        if unknown:
+            raise ValueError(f"compilation_config has unknown keys {sorted(unknown)}; known: {sorted(known)}")
+        if values.get("cudagraph_capture_sizes") is not None:
+            values["cudagraph_capture_sizes"] = tuple(values["cudagraph_capture_sizes"])
+        return cls(**values)
+
+    def compiles(self, device: torch.device) -> bool:
+        """Whether the language model is compiled on `device` (level None: only on CUDA)."""
+        level = self.level if self.level is not None else int(device.type == "cuda")
+        return level >= 1
 
 
 @dataclass(frozen=True)
 class ExecutionConfig:
-    """How the model runs on its device: which kernels, how many CPU threads."""
+    """How the model runs on its device: which kernels, how many CPU threads, whether the
+    language model is compiled and its decode steps replayed as CUDA graphs (`enforce_eager`
+    turns both off, as vLLM's flag does)."""
 
     attention_backend: str = "auto"  # one of ATTENTION_BACKENDS (see mmserve.layers.attention)
     num_threads: int | None = None  # engine's torch threads on CPU; None = MMSERVE_NUM_THREADS or all cores
+    enforce_eager: bool = False
+    compilation: CompilationConfig = field(default_factory=CompilationConfig)
 
     def __post_init__(self) -> None:
         if self.attention_backend not in ATTENTION_BACKENDS:
@@ -402,6 +447,8 @@ class EngineArgs:
     preprocess_workers: int | None = field_default(MultiModalConfig, "preprocess_workers")
     attention_backend: str = field_default(ExecutionConfig, "attention_backend")
     num_threads: int | None = field_default(ExecutionConfig, "num_threads")
+    enforce_eager: bool = field_default(ExecutionConfig, "enforce_eager")
+    compilation_config: dict[str, Any] | None = None  # CompilationConfig's fields; None = defaults
     seed: int = field_default(EngineConfig, "seed")
     device: str | None = field_default(EngineConfig, "device")
 
@@ -439,7 +486,12 @@ class EngineArgs:
                 preprocess_workers=self.preprocess_workers,
                 media_io_kwargs=dict(self.media_io_kwargs or {}),
             ),
-            execution=ExecutionConfig(attention_backend=self.attention_backend, num_threads=self.num_threads),
+            execution=ExecutionConfig(
+                attention_backend=self.attention_backend,
+                num_threads=self.num_threads,
+                enforce_eager=self.enforce_eager,
+                compilation=CompilationConfig.from_dict(self.compilation_config),
+            ),
             seed=self.seed,
             device=self.device,
         )

@@ -14,7 +14,14 @@ import re
 from pathlib import Path
 
 from mmserve import envs
-from mmserve.config import ATTENTION_BACKENDS, SCHEDULING_POLICIES, EngineArgs, ServerConfig, field_default
+from mmserve.config import (
+    ATTENTION_BACKENDS,
+    SCHEDULING_POLICIES,
+    CompilationConfig,
+    EngineArgs,
+    ServerConfig,
+    field_default,
+)
 
 _UNITS = {"": 1, "b": 1, "k": 1e3, "kb": 1e3, "kib": 1024, "m": 1e6, "mb": 1e6, "mib": 1 << 20}
 _UNITS |= {"g": 1e9, "gb": 1e9, "gib": 1 << 30, "t": 1e12, "tb": 1e12, "tib": 1 << 40}
@@ -66,6 +73,18 @@ def parse_media_io_kwargs(text: str) -> dict[str, dict]:
     video = value.get("video", {}) if isinstance(value, dict) else None
     if set(value or {}) - {"video"} or not isinstance(video, dict) or set(video) - {"num_frames", "fps"}:
         raise argparse.ArgumentTypeError('--media-io-kwargs sets {"video": {"num_frames": N} or {"fps": F}}')
+    return value
+
+
+def parse_compilation_config(text: str) -> dict:
+    """--compilation-config '{"level": 1}': a JSON object of CompilationConfig's fields."""
+    try:
+        value = json.loads(text)
+        if not isinstance(value, dict):
+            raise ValueError("not an object")
+        CompilationConfig.from_dict(value)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"--compilation-config: {e} (got {text!r})") from None
     return value
 
 
@@ -169,9 +188,22 @@ def _add_scheduler_arguments(group: argparse._ArgumentGroup) -> None:
     _engine_flag(
         group,
         "attention_backend",
-        "Kernels: auto (the C++ kernels on CPU, Triton on CUDA), torch (the reference), cpu, triton "
-        "(default %(default)s).",
+        "Kernels: auto (the C++ kernels on CPU; on CUDA flash_attn where it is installed and fits, "
+        "else Triton), torch (the reference), cpu, triton, flash_attn (default %(default)s).",
         choices=ATTENTION_BACKENDS,
+    )
+    _engine_flag(
+        group,
+        "enforce_eager",
+        "Run the model eagerly: no torch.compile, no CUDA graphs.",
+        action=argparse.BooleanOptionalAction,
+    )
+    _engine_flag(
+        group,
+        "compilation_config",
+        """JSON, as vLLM's: '{"level": 1, "cudagraph_capture_sizes": [1, 2, 4, 8]}' (level 0 """
+        """eager, 1 torch.compile; default: compiled and captured on CUDA, eager on CPU).""",
+        type=parse_compilation_config,
     )
     _engine_flag(
         group,

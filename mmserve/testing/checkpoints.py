@@ -83,6 +83,24 @@ PRESETS: dict[str, Preset] = {
         fullatt_block_indexes=(3, 7, 11),
         max_pixels=1024 * 28 * 28,
     ),
+    # Qwen2-VL-2B's language model shape (hidden 1536, 28 layers, 12 / 2 heads, MLP 8960, its
+    # vocabulary size) with the mid vision tower, for GPU timings (benchmarks/gpu_check.py);
+    # about 1.8B parameters in all (untied LM head).
+    "2b": Preset(
+        hidden_size=1536,
+        intermediate_size=8960,
+        num_layers=28,
+        num_heads=12,
+        num_kv_heads=2,
+        mrope_section=(16, 24, 24),
+        vision_dim=640,
+        vision_depth=12,
+        vision_heads=10,
+        vision_intermediate=1728,
+        fullatt_block_indexes=(3, 7, 11),
+        max_pixels=1024 * 28 * 28,
+        vocab_size=151936,
+    ),
 }
 
 PATCH_SIZE = 14

@@ -59,13 +59,18 @@ def png_bytes(image: Image.Image) -> bytes:
 
 
 class Reference:
-    def __init__(self, model_dir: str | Path, dtype: torch.dtype = torch.float32) -> None:
+    def __init__(
+        self, model_dir: str | Path, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"
+    ) -> None:
         from transformers import AutoModelForImageTextToText, AutoTokenizer
         from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
         self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
         self.image_processor = Qwen2VLImageProcessorPil.from_pretrained(model_dir)
-        self.model = AutoModelForImageTextToText.from_pretrained(model_dir, dtype=dtype).eval()
+        self.device = torch.device(device)
+        self.model = (
+            AutoModelForImageTextToText.from_pretrained(model_dir, dtype=dtype).to(self.device).eval()
+        )
         self.image_token_id = self.model.config.image_token_id
         self.merge_size = self.image_processor.merge_size
 
@@ -88,12 +93,12 @@ class Reference:
 
     @torch.inference_mode()
     def generate(self, prompt: PromptInputs, max_new_tokens: int) -> ReferenceOutput:
-        """Greedy decoding with transformers' `generate`."""
-        ids = torch.tensor([prompt.token_ids])
+        """Greedy decoding with transformers' `generate` (on the reference's device)."""
+        ids = torch.tensor([prompt.token_ids], device=self.device)
         kwargs = {}
         if prompt.pixel_values:
-            kwargs["pixel_values"] = torch.from_numpy(np.concatenate(prompt.pixel_values))
-            kwargs["image_grid_thw"] = torch.tensor(prompt.grid_thw)
+            kwargs["pixel_values"] = torch.from_numpy(np.concatenate(prompt.pixel_values)).to(self.device)
+            kwargs["image_grid_thw"] = torch.tensor(prompt.grid_thw, device=self.device)
         out = self.model.generate(
             input_ids=ids,
             attention_mask=torch.ones_like(ids),

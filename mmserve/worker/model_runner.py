@@ -21,7 +21,10 @@ from mmserve.core.sched_output import (
 from mmserve.layers.attention import get_attention_backend
 from mmserve.layers.sampler import LogprobsTensors, Sampler
 from mmserve.models.loader import load_model
+from mmserve.worker.compilation import compile_language_model
+from mmserve.worker.cuda_graphs import DecodeGraphs, capture_decode_graphs, graph_sizes, is_decode_only
 from mmserve.worker.encoder_cache import EncoderCache
+from mmserve.worker.host_transfer import to_device
 from mmserve.worker.input_batch import InputBatch, new_request_state
 from mmserve.worker.prompt_logprobs import compute_prompt_logprobs
 from mmserve.worker.sampling_metadata import build_sampling_metadata
@@ -42,12 +45,22 @@ class ModelRunner:
         self.model_config = model_config
         self.block_size = cache_config.block_size
         self.device = device
-        self.attention_backend = get_attention_backend(execution_config.attention_backend, device)
+        self.attention_backend = get_attention_backend(
+            execution_config.attention_backend, device, model_config.dtype, self.block_size
+        )
         self.model = load_model(model_config, self.attention_backend, device)
+        if not execution_config.enforce_eager and execution_config.compilation.compiles(device):
+            compile_language_model(self.model, execution_config.compilation)
+        self.graph_sizes = graph_sizes(
+            execution_config, scheduler_config.max_num_seqs, self.attention_backend, device
+        )
+        self.decode_graphs: DecodeGraphs | None = None  # captured once the KV cache exists
         self.sampler = Sampler()
         self.encoder_cache = EncoderCache()
-        max_blocks_per_req = -(-model_config.max_model_len // self.block_size)
-        self.batch = InputBatch(scheduler_config.max_num_seqs, model_config.max_model_len, max_blocks_per_req)
+        self.max_blocks_per_req = -(-model_config.max_model_len // self.block_size)
+        self.batch = InputBatch(
+            scheduler_config.max_num_seqs, model_config.max_model_len, self.max_blocks_per_req
+        )
         self.kv_caches: list[torch.Tensor] = []
         self.num_encoder_calls = 0  # forward passes of the vision tower (tests count these)
         self.prompt_logprob_req_ids: set[str] = set()  # held requests that ask for prompt logprobs
@@ -64,6 +77,10 @@ class ModelRunner:
         c = self.model_config
         shape = (2, num_blocks, self.block_size, c.num_kv_heads, c.head_dim)
         self.kv_caches = [torch.zeros(shape, dtype=c.dtype, device=self.device) for _ in range(c.num_layers)]
+        if self.graph_sizes:
+            self.decode_graphs = capture_decode_graphs(
+                self.model, self.kv_caches, self.graph_sizes, c, self.max_blocks_per_req, self.device
+            )
 
     # ---------------------------------------------------------------- one step
 
@@ -77,7 +94,7 @@ class ModelRunner:
             self.batch, scheduler_output.num_scheduled_tokens, self.block_size, self.device
         )
         embeds = self._embed(inputs)
-        hidden = self.model(embeds, inputs.positions, self.kv_caches, inputs.attn_metadata)
+        hidden = self._forward(embeds, inputs)
         prompt_logprobs = {}
         if self.prompt_logprob_req_ids:
             prompt_logprobs = compute_prompt_logprobs(
@@ -131,7 +148,7 @@ class ModelRunner:
         for f in features:
             if f.pixel_values is None:
                 raise RuntimeError(f"image {f.mm_hash} is scheduled for encoding but has no pixels")
-        pixels = torch.from_numpy(np.concatenate([f.pixel_values for f in features])).to(self.device)
+        pixels = to_device(np.concatenate([f.pixel_values for f in features]), self.device)
         embeddings = self.model.encode_images(pixels, [f.grid_thw for f in features])
         self.num_encoder_calls += 1
         for feature, emb in zip(features, embeddings, strict=True):
@@ -145,9 +162,21 @@ class ModelRunner:
         if plan:
             sources = [self.encoder_cache.get(h)[first : first + count] for h, first, count, _ in plan]
             destinations = np.concatenate([np.arange(dst, dst + count) for _, _, count, dst in plan])
-            rows = torch.from_numpy(destinations).to(self.device)
+            rows = to_device(destinations, self.device)
             embeds = self.model.merge_multimodal_embeddings(embeds, rows, torch.cat(sources))
         return embeds
+
+    def _forward(self, embeds: torch.Tensor, inputs: StepInputs) -> torch.Tensor:
+        """The language model over the step: a CUDA graph's replay for a decode-only step that
+        fits a captured size, else eagerly (or compiled)."""
+        metadata = inputs.attn_metadata
+        if self.decode_graphs is not None and is_decode_only(
+            metadata, inputs.token_index, self.batch.mm_end[inputs.rows]
+        ):
+            hidden = self.decode_graphs.run(embeds, inputs.positions, metadata)
+            if hidden is not None:
+                return hidden
+        return self.model(embeds, inputs.positions, self.kv_caches, metadata)
 
     def _sample(
         self, inputs: StepInputs, hidden: torch.Tensor, scheduler_output: SchedulerOutput

@@ -3,7 +3,8 @@
 A backend writes the step's keys/values into the cache through `slot_mapping` and attends each
 request's queries over its cached context through its block table. Backends: `torch` (the
 reference, any device), `cpu` (the C++ kernels), `triton` (GPU; CPU in Triton's interpreter),
-chosen by `--attention-backend` (`auto` picks the fastest that works on the device).
+`flash_attn` (flash-attn's paged varlen kernel, CUDA), chosen by `--attention-backend` (`auto`
+picks the fastest that works on the device).
 """
 
 from mmserve.layers.attention.backend import (

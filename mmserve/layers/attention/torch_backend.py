@@ -31,6 +31,7 @@ def gather_context(cache: torch.Tensor, block_table: torch.Tensor, num_blocks: i
 class TorchAttentionBackend(AttentionBackend):
     name = "torch"
     kernels = TORCH_KERNELS
+    reads_host_metadata = True
 
     def forward(
         self,

@@ -11,6 +11,7 @@ from mmserve.ops.kernels import triton_kernels
 
 class TritonAttentionBackend(AttentionBackend):
     name = "triton"
+    supports_cuda_graphs = True
 
     def __init__(self) -> None:
         from mmserve.ops import triton as triton_ops
