@@ -19,7 +19,7 @@ from mmserve.core.sched_output import (
     SchedulerOutput,
 )
 from mmserve.layers.attention import get_attention_backend
-from mmserve.layers.sampler import LogprobsTensors, Sampler
+from mmserve.layers.sampler import LogprobsTensors, Sampler, SamplingMetadata
 from mmserve.models.loader import load_model
 from mmserve.worker.encoder_cache import EncoderCache
 from mmserve.worker.input_batch import InputBatch, new_request_state
@@ -73,9 +73,7 @@ class ModelRunner:
         if scheduler_output.total_num_scheduled_tokens == 0:
             return ModelRunnerOutput.empty()
         num_encoded = self._run_encoder(scheduler_output)
-        inputs = prepare_step_inputs(
-            self.batch, scheduler_output.num_scheduled_tokens, self.block_size, self.device
-        )
+        inputs = self._prepare_inputs(scheduler_output)
         embeds = self._embed(inputs)
         hidden = self.model(embeds, inputs.positions, self.kv_caches, inputs.attn_metadata)
         prompt_logprobs = {}
@@ -138,6 +136,11 @@ class ModelRunner:
             self.encoder_cache.put(feature.mm_hash, emb)
         return len(features)
 
+    def _prepare_inputs(self, scheduler_output: SchedulerOutput) -> StepInputs:
+        return prepare_step_inputs(
+            self.batch, scheduler_output.num_scheduled_tokens, self.block_size, self.device
+        )
+
     def _embed(self, inputs: StepInputs) -> torch.Tensor:
         """Token embeddings with each image's placeholder rows replaced by its embeddings."""
         embeds = self.model.embed_input_ids(inputs.input_ids)  # [T, hidden]
@@ -154,20 +157,12 @@ class ModelRunner:
     ) -> ModelRunnerOutput:
         """One token for each request that computed its last known token this step (within its
         grammar's mask, if any); the others (mid-prefill) get an empty list."""
-        sampled_rows = inputs.rows[inputs.sample_mask]
+        positions = np.nonzero(inputs.sample_mask)[0]  # [num_sampled] in the step's order
         sampled_token_ids: list[list[int]] = [[] for _ in inputs.req_ids]
         logprobs: dict[str, LogprobsLists] = {}
-        if len(sampled_rows):
+        if len(positions):
             logits = self.model.compute_logits(hidden[inputs.logits_indices])
-            metadata = build_sampling_metadata(
-                self.batch, sampled_rows, self.model_config.vocab_size, self.device
-            )
-            positions = np.nonzero(inputs.sample_mask)[0]
-            sampled_ids = [inputs.req_ids[pos] for pos in positions]
-            for name, value in grammar_fields(
-                scheduler_output.grammar_bitmask, sampled_ids, self.device
-            ).items():
-                setattr(metadata, name, value)
+            metadata = self._sampling_metadata(inputs, positions, scheduler_output)
             result = self.sampler(logits, metadata)
             for i, (pos, token) in enumerate(zip(positions, result.sampled_token_ids.tolist())):
                 req_id = inputs.req_ids[pos]
@@ -178,6 +173,18 @@ class ModelRunner:
         return ModelRunnerOutput(
             req_ids=inputs.req_ids, sampled_token_ids=sampled_token_ids, logprobs=logprobs
         )
+
+    def _sampling_metadata(
+        self, inputs: StepInputs, positions: np.ndarray, scheduler_output: SchedulerOutput
+    ) -> SamplingMetadata:
+        """Sampling inputs of the step's sampled requests (`positions` in the step's order)."""
+        metadata = build_sampling_metadata(
+            self.batch, inputs.rows[positions], self.model_config.vocab_size, self.device
+        )
+        sampled_ids = [inputs.req_ids[pos] for pos in positions]
+        for name, value in grammar_fields(scheduler_output.grammar_bitmask, sampled_ids, self.device).items():
+            setattr(metadata, name, value)
+        return metadata
 
     def _advance_batch(self, inputs: StepInputs, output: ModelRunnerOutput) -> None:
         """The step is done: its tokens are computed and the sampled ones join their requests."""
