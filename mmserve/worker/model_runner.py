@@ -8,6 +8,8 @@ sample → append sampled tokens to the batch.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import torch
 
@@ -24,8 +26,8 @@ from mmserve.models.loader import load_model
 from mmserve.worker.encoder_cache import EncoderCache
 from mmserve.worker.input_batch import InputBatch, new_request_state
 from mmserve.worker.prompt_logprobs import compute_prompt_logprobs
-from mmserve.worker.sampling_metadata import build_sampling_metadata
-from mmserve.worker.step_inputs import StepInputs, multimodal_scatter_plan, prepare_step_inputs
+from mmserve.worker.sampling_metadata import SamplingMetadataBuilder
+from mmserve.worker.step_inputs import StepInputBuilder, StepInputs, multimodal_scatter_plan
 from mmserve.worker.token_constraints import grammar_fields
 
 
@@ -48,6 +50,10 @@ class ModelRunner:
         self.encoder_cache = EncoderCache()
         max_blocks_per_req = -(-model_config.max_model_len // self.block_size)
         self.batch = InputBatch(scheduler_config.max_num_seqs, model_config.max_model_len, max_blocks_per_req)
+        self.step_inputs = StepInputBuilder(
+            self.batch, self.block_size, scheduler_config.max_num_batched_tokens, device
+        )
+        self.sampling_metadata = SamplingMetadataBuilder(self.batch, model_config.vocab_size, device)
         self.kv_caches: list[torch.Tensor] = []
         self.num_encoder_calls = 0  # forward passes of the vision tower (tests count these)
         self.prompt_logprob_req_ids: set[str] = set()  # held requests that ask for prompt logprobs
@@ -137,9 +143,7 @@ class ModelRunner:
         return len(features)
 
     def _prepare_inputs(self, scheduler_output: SchedulerOutput) -> StepInputs:
-        return prepare_step_inputs(
-            self.batch, scheduler_output.num_scheduled_tokens, self.block_size, self.device
-        )
+        return self.step_inputs.prepare(scheduler_output.num_scheduled_tokens)
 
     def _embed(self, inputs: StepInputs) -> torch.Tensor:
         """Token embeddings with each image's placeholder rows replaced by its embeddings."""
@@ -178,13 +182,12 @@ class ModelRunner:
         self, inputs: StepInputs, positions: np.ndarray, scheduler_output: SchedulerOutput
     ) -> SamplingMetadata:
         """Sampling inputs of the step's sampled requests (`positions` in the step's order)."""
-        metadata = build_sampling_metadata(
-            self.batch, inputs.rows[positions], self.model_config.vocab_size, self.device
-        )
+        metadata = self.sampling_metadata.build(inputs.rows[positions])
+        if scheduler_output.grammar_bitmask is None:
+            return metadata
         sampled_ids = [inputs.req_ids[pos] for pos in positions]
-        for name, value in grammar_fields(scheduler_output.grammar_bitmask, sampled_ids, self.device).items():
-            setattr(metadata, name, value)
-        return metadata
+        grammar = grammar_fields(scheduler_output.grammar_bitmask, sampled_ids, self.device)
+        return replace(metadata, **grammar) if grammar else metadata
 
     def _advance_batch(self, inputs: StepInputs, output: ModelRunnerOutput) -> None:
         """The step is done: its tokens are computed and the sampled ones join their requests."""
