@@ -42,10 +42,12 @@ class PersistentBuffer:
     its numpy view, and its device twin (the host tensor itself on CPU).
 
     `host(shape)` is where a step writes: the first prod(shape) entries as a contiguous numpy
-    array of that shape; `device(shape)` is the same entries on the device. A step that needs
-    more than the capacity reallocates (doubling), so the sizes given are a hint, not a limit.
-    The host side is rewritten only after the previous step's copies are done: the runner reads
-    the sampled tokens back at the end of every step, which waits for the device.
+    array of that shape; `device(shape)` is the same entries on the device. The views of the
+    last shape asked for are kept (decode steps ask for the same shapes step after step). A
+    step that needs more than the capacity reallocates (doubling), so the sizes given are a
+    hint, not a limit. The host side is rewritten only after the previous step's copies are
+    done: the runner reads the sampled tokens back at the end of every step, which waits for
+    the device.
     """
 
     def __init__(self, capacity: int, dtype: torch.dtype, device: torch.device) -> None:
@@ -60,18 +62,26 @@ class PersistentBuffer:
         self.device_tensor = (
             self.host_tensor if on_cpu else torch.zeros(capacity, dtype=self.dtype, device=self.target)
         )
+        self._host_views: tuple[tuple[int, ...], np.ndarray] | None = None
+        self._device_views: tuple[tuple[int, ...], torch.Tensor, torch.Tensor] | None = None
 
     def host(self, *shape: int) -> np.ndarray:
-        size = math.prod(shape)
-        if size > len(self.host_array):
-            self._allocate(max(size, 2 * len(self.host_array)))
-        return self.host_array[:size].reshape(shape)
+        if self._host_views is None or self._host_views[0] != shape:
+            size = math.prod(shape)
+            if size > len(self.host_array):
+                self._allocate(max(size, 2 * len(self.host_array)))
+            self._host_views = (shape, self.host_array[:size].reshape(shape))
+        return self._host_views[1]
 
     def device(self, *shape: int) -> torch.Tensor:
-        size = math.prod(shape)
-        if self.device_tensor is not self.host_tensor:
-            self.device_tensor[:size].copy_(self.host_tensor[:size], non_blocking=True)
-        return self.device_tensor[:size].view(shape)
+        if self._device_views is None or self._device_views[0] != shape:
+            size = math.prod(shape)
+            source = self.host_tensor[:size].view(shape)
+            self._device_views = (shape, source, self.device_tensor[:size].view(shape))
+        _, source, target = self._device_views
+        if target is not source:
+            target.copy_(source, non_blocking=True)
+        return target
 
 
 class StepInputBuilder:
