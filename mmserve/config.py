@@ -220,10 +220,10 @@ def _vision_config(family: str, raw: dict, text_hidden_size: int) -> VisionConfi
 @dataclass(frozen=True)
 class CacheConfig:
     """Paged KV cache, sized by `num_blocks`, else `kv_cache_memory_bytes`, else (None, the
-    default: "auto") from the memory free once the model is loaded: `memory_utilization` of it
-    on CPU; on CUDA what keeps (1 - memory_utilization) of the device free, as vLLM's
-    --gpu-memory-utilization. Auto never takes more than every running request at
-    max_model_len could fill."""
+    default: "auto") from the memory free once the model is loaded: on CPU `memory_utilization`
+    of it, at most 4 GiB (vLLM-CPU's default); on CUDA what keeps (1 - memory_utilization) of
+    the device free, as vLLM's --gpu-memory-utilization. Auto never takes more than every
+    running request at max_model_len could fill."""
 
     block_size: int = 16
     num_blocks: int | None = None

@@ -5,8 +5,12 @@ timers around each stage (the engine's code is wrapped at run time, not changed)
 
 Stages: frontend (chat template, tokenise, image load + preprocess), scheduler (schedule +
 update_from_output), input prep (runner state update + step tensors + embedding gather),
-encoder (vision tower), forward (language model), sampler, detokenise (output processing).
-Inline preprocessing (no worker processes) so every stage runs on this thread and adds up.
+encoder (vision tower), forward (language model), logits (LM head), sampling metadata,
+sampler (sampling, reading the tokens back), detokenise (output processing). A stage's time
+is exclusive: a timed call inside another (the LM head inside sampling) counts only for its
+own stage. Inline preprocessing (no worker processes) so every stage runs on this thread and
+the stages add up to the wall time. With `--cpu-time` (and MMSERVE_NUM_THREADS=1) the stages are
+this thread's CPU seconds instead: what a step costs, whatever else the machine runs.
 """
 
 from __future__ import annotations
@@ -16,13 +20,25 @@ import functools
 import time
 from collections import defaultdict
 
-STAGES = ("frontend", "scheduler", "input prep", "encoder", "forward", "sampler", "detokenise")
+STAGES = (
+    "frontend",
+    "scheduler",
+    "input prep",
+    "encoder",
+    "forward",
+    "logits",
+    "sampling metadata",
+    "sampler",
+    "detokenise",
+)
 
 
 class StageTimer:
-    def __init__(self) -> None:
-        self.seconds: dict[str, float] = defaultdict(float)
+    def __init__(self, clock=time.perf_counter) -> None:
+        self.clock = clock
+        self.seconds: dict[str, float] = defaultdict(float)  # exclusive of nested timed calls
         self.calls: dict[str, int] = defaultdict(int)
+        self._nested: list[float] = []  # per open timed call: seconds of timed calls inside it
 
     def wrap(self, owner: object, attr: str, stage: str) -> None:
         """Replace owner.attr (a bound method or callable) with a timed call counted under `stage`."""
@@ -30,20 +46,22 @@ class StageTimer:
 
         @functools.wraps(inner)
         def timed(*args, **kwargs):
-            t0 = time.perf_counter()
+            self._nested.append(0.0)
+            t0 = self.clock()
             try:
                 return inner(*args, **kwargs)
             finally:
-                self.seconds[stage] += time.perf_counter() - t0
+                elapsed = self.clock() - t0
+                self.seconds[stage] += elapsed - self._nested.pop()
                 self.calls[stage] += 1
+                if self._nested:
+                    self._nested[-1] += elapsed
 
         setattr(owner, attr, timed)
 
 
-def instrument(llm) -> StageTimer:
-    import mmserve.worker.model_runner as model_runner_module
-
-    timer = StageTimer()
+def instrument(llm, clock=time.perf_counter) -> StageTimer:
+    timer = StageTimer(clock)
     core = llm.engine_core
     runner = core.executor.runner
     timer.wrap(llm._inputs, "chat", "frontend")
@@ -51,10 +69,12 @@ def instrument(llm) -> StageTimer:
     timer.wrap(core.scheduler, "schedule", "scheduler")
     timer.wrap(core.scheduler, "update_from_output", "scheduler")
     timer.wrap(runner, "_update_states", "input prep")
-    timer.wrap(model_runner_module, "prepare_step_inputs", "input prep")
+    timer.wrap(runner, "_prepare_inputs", "input prep")
     timer.wrap(runner, "_embed", "input prep")
     timer.wrap(runner, "_run_encoder", "encoder")
     timer.wrap(runner.model, "forward", "forward")
+    timer.wrap(runner.model, "compute_logits", "logits")
+    timer.wrap(runner, "_sampling_metadata", "sampling metadata")
     timer.wrap(runner, "_sample", "sampler")
     timer.wrap(core, "step", "step")
     return timer
@@ -75,7 +95,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-num-batched-tokens", type=int, default=2048)
     p.add_argument("--dtype", default="auto")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--cpu-time",
+        action="store_true",
+        help="Time stages in this thread's CPU seconds, not wall seconds: robust to other jobs on a "
+        "shared machine, and complete with MMSERVE_NUM_THREADS=1 (torch's other threads are not counted).",
+    )
     args = p.parse_args(argv)
+    clock = time.thread_time if args.cpu_time else time.perf_counter
 
     requests = sample_single_turn(load_conversations(args.dataset_path), args.num_prompts + 2, args.seed)
     conversations = [[r.message()] for r in requests]
@@ -89,19 +116,20 @@ def main(argv: list[str] | None = None) -> int:
     )
     llm.chat(conversations[args.num_prompts :], params)  # warm-up on rows not measured
     conversations = conversations[: args.num_prompts]
-    timer = instrument(llm)
-    t0 = time.perf_counter()
+    timer = instrument(llm, clock)
+    t0 = clock()
     outputs = llm.chat(conversations, params)
-    wall = time.perf_counter() - t0
+    wall = clock() - t0
     steps = timer.calls["step"]
     num_tokens = sum(len(o.outputs[0].token_ids) for o in outputs)
-    print(f"{len(outputs)} requests, {num_tokens} output tokens, {steps} engine steps, {wall:.2f} s wall")
-    print(f"{'stage':<12}{'total s':>9}{'% wall':>8}{'ms/step':>9}")
+    unit = "s of CPU (this thread)" if args.cpu_time else "s wall"
+    print(f"{len(outputs)} requests, {num_tokens} output tokens, {steps} engine steps, {wall:.2f} {unit}")
+    print(f"{'stage':<18}{'total s':>9}{'% total':>8}{'ms/step':>9}")
     for stage in STAGES:
         s = timer.seconds[stage]
-        print(f"{stage:<12}{s:>9.2f}{100 * s / wall:>8.1f}{1000 * s / max(steps, 1):>9.2f}")
+        print(f"{stage:<18}{s:>9.2f}{100 * s / wall:>8.1f}{1000 * s / max(steps, 1):>9.2f}")
     rest = wall - sum(timer.seconds[s] for s in STAGES)
-    print(f"{'other':<12}{rest:>9.2f}{100 * rest / wall:>8.1f}{1000 * rest / max(steps, 1):>9.2f}")
+    print(f"{'other':<18}{rest:>9.2f}{100 * rest / wall:>8.1f}{1000 * rest / max(steps, 1):>9.2f}")
     llm.close()
     return 0
 

@@ -2,7 +2,9 @@
 
 Rows live across steps; a step only writes what changed (new rows, appended blocks, sampled
 tokens) instead of rebuilding inputs. Rows are kept dense (0..num_reqs-1): removing a request
-moves the last row into its hole, so per-step work is slicing, not searching.
+moves the last row into its hole, so per-step work is slicing, not searching. `version` changes
+whenever a row changes hands (a request added or removed), so what is derived from the rows'
+requests (sampling metadata) can be kept while it stays the same.
 """
 
 from __future__ import annotations
@@ -49,6 +51,7 @@ class InputBatch:
         self.req_ids: list[str] = []  # row → request id (dense)
         self.row_of: dict[str, int] = {}
         self.states: dict[str, RequestState] = {}
+        self.version = 0  # bumped by add and remove
 
     @property
     def num_reqs(self) -> int:
@@ -71,6 +74,7 @@ class InputBatch:
         self.mm_end[row] = state.mm_end
         self.req_ids.append(state.req_id)
         self.row_of[state.req_id] = row
+        self.version += 1
         self.states[state.req_id] = state
         self.append_blocks(state.req_id, block_ids)
         return row
@@ -79,6 +83,7 @@ class InputBatch:
         """Drop a request; the last row moves into its place (rows stay dense)."""
         row = self.row_of.pop(req_id)
         del self.states[req_id]
+        self.version += 1
         last = self.num_reqs - 1
         if row != last:
             moved = self.req_ids[last]

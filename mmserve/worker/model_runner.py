@@ -8,6 +8,8 @@ sample → append sampled tokens to the batch.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import torch
 
@@ -19,7 +21,7 @@ from mmserve.core.sched_output import (
     SchedulerOutput,
 )
 from mmserve.layers.attention import get_attention_backend
-from mmserve.layers.sampler import LogprobsTensors, Sampler
+from mmserve.layers.sampler import LogprobsTensors, Sampler, SamplingMetadata
 from mmserve.models.loader import load_model
 from mmserve.worker.compilation import compile_language_model
 from mmserve.worker.cuda_graphs import DecodeGraphs, capture_decode_graphs, graph_sizes, is_decode_only
@@ -27,8 +29,8 @@ from mmserve.worker.encoder_cache import EncoderCache
 from mmserve.worker.host_transfer import to_device
 from mmserve.worker.input_batch import InputBatch, new_request_state
 from mmserve.worker.prompt_logprobs import compute_prompt_logprobs
-from mmserve.worker.sampling_metadata import build_sampling_metadata
-from mmserve.worker.step_inputs import StepInputs, multimodal_scatter_plan, prepare_step_inputs
+from mmserve.worker.sampling_metadata import SamplingMetadataBuilder
+from mmserve.worker.step_inputs import StepInputBuilder, StepInputs, multimodal_scatter_plan
 from mmserve.worker.token_constraints import grammar_fields
 
 
@@ -61,6 +63,10 @@ class ModelRunner:
         self.batch = InputBatch(
             scheduler_config.max_num_seqs, model_config.max_model_len, self.max_blocks_per_req
         )
+        self.step_inputs = StepInputBuilder(
+            self.batch, self.block_size, scheduler_config.max_num_batched_tokens, device
+        )
+        self.sampling_metadata = SamplingMetadataBuilder(self.batch, model_config.vocab_size, device)
         self.kv_caches: list[torch.Tensor] = []
         self.num_encoder_calls = 0  # forward passes of the vision tower (tests count these)
         self.prompt_logprob_req_ids: set[str] = set()  # held requests that ask for prompt logprobs
@@ -90,9 +96,7 @@ class ModelRunner:
         if scheduler_output.total_num_scheduled_tokens == 0:
             return ModelRunnerOutput.empty()
         num_encoded = self._run_encoder(scheduler_output)
-        inputs = prepare_step_inputs(
-            self.batch, scheduler_output.num_scheduled_tokens, self.block_size, self.device
-        )
+        inputs = self._prepare_inputs(scheduler_output)
         embeds = self._embed(inputs)
         hidden = self._forward(embeds, inputs)
         prompt_logprobs = {}
@@ -155,6 +159,9 @@ class ModelRunner:
             self.encoder_cache.put(feature.mm_hash, emb)
         return len(features)
 
+    def _prepare_inputs(self, scheduler_output: SchedulerOutput) -> StepInputs:
+        return self.step_inputs.prepare(scheduler_output.num_scheduled_tokens)
+
     def _embed(self, inputs: StepInputs) -> torch.Tensor:
         """Token embeddings with each image's placeholder rows replaced by its embeddings."""
         embeds = self.model.embed_input_ids(inputs.input_ids)  # [T, hidden]
@@ -183,20 +190,12 @@ class ModelRunner:
     ) -> ModelRunnerOutput:
         """One token for each request that computed its last known token this step (within its
         grammar's mask, if any); the others (mid-prefill) get an empty list."""
-        sampled_rows = inputs.rows[inputs.sample_mask]
+        positions = np.nonzero(inputs.sample_mask)[0]  # [num_sampled] in the step's order
         sampled_token_ids: list[list[int]] = [[] for _ in inputs.req_ids]
         logprobs: dict[str, LogprobsLists] = {}
-        if len(sampled_rows):
+        if len(positions):
             logits = self.model.compute_logits(hidden[inputs.logits_indices])
-            metadata = build_sampling_metadata(
-                self.batch, sampled_rows, self.model_config.vocab_size, self.device
-            )
-            positions = np.nonzero(inputs.sample_mask)[0]
-            sampled_ids = [inputs.req_ids[pos] for pos in positions]
-            for name, value in grammar_fields(
-                scheduler_output.grammar_bitmask, sampled_ids, self.device
-            ).items():
-                setattr(metadata, name, value)
+            metadata = self._sampling_metadata(inputs, positions, scheduler_output)
             result = self.sampler(logits, metadata)
             for i, (pos, token) in enumerate(zip(positions, result.sampled_token_ids.tolist())):
                 req_id = inputs.req_ids[pos]
@@ -207,6 +206,17 @@ class ModelRunner:
         return ModelRunnerOutput(
             req_ids=inputs.req_ids, sampled_token_ids=sampled_token_ids, logprobs=logprobs
         )
+
+    def _sampling_metadata(
+        self, inputs: StepInputs, positions: np.ndarray, scheduler_output: SchedulerOutput
+    ) -> SamplingMetadata:
+        """Sampling inputs of the step's sampled requests (`positions` in the step's order)."""
+        metadata = self.sampling_metadata.build(inputs.rows[positions])
+        if scheduler_output.grammar_bitmask is None:
+            return metadata
+        sampled_ids = [inputs.req_ids[pos] for pos in positions]
+        grammar = grammar_fields(scheduler_output.grammar_bitmask, sampled_ids, self.device)
+        return replace(metadata, **grammar) if grammar else metadata
 
     def _advance_batch(self, inputs: StepInputs, output: ModelRunnerOutput) -> None:
         """The step is done: its tokens are computed and the sampled ones join their requests."""

@@ -13,12 +13,11 @@ from mmserve.core.sched_output import GrammarBitmask
 from mmserve.sampling_params import SamplingParams
 
 
-def token_constraint_fields(
-    params: list[SamplingParams], outputs: list[list[int]], vocab_size: int, device: torch.device
+def static_constraint_fields(
+    params: list[SamplingParams], vocab_size: int, device: torch.device
 ) -> dict[str, Any]:
-    """SamplingMetadata keyword arguments for the rows' constraints; empty when none has any."""
-    if not any(p.logit_bias or p.allowed_token_ids or p.bad_words_token_ids for p in params):
-        return {}
+    """SamplingMetadata keyword arguments for the rows' logit_bias and allowed_token_ids (fixed
+    for a request's life); empty when no row has either."""
     fields: dict[str, Any] = {}
     bias = [
         (row, token, value) for row, p in enumerate(params) for token, value in (p.logit_bias or {}).items()
@@ -37,12 +36,20 @@ def token_constraint_fields(
                 mask[row] = False
                 mask[row, p.allowed_token_ids] = True
         fields["allowed_token_mask"] = mask.to(device)
-    banned = [(row, token) for row, (p, out) in enumerate(zip(params, outputs)) for token in _banned(p, out)]
-    if banned:
-        rows, ids = zip(*banned)
-        index = torch.tensor([rows, ids], dtype=torch.int64, device=device)
-        fields["banned_tokens"] = (index[0], index[1])
     return fields
+
+
+def banned_token_fields(
+    params: list[SamplingParams], outputs: list[list[int]], device: torch.device
+) -> dict[str, Any]:
+    """The `banned_tokens` field for this step (bad words whose beginning a row just wrote);
+    empty when no row bans anything now."""
+    banned = [(row, token) for row, (p, out) in enumerate(zip(params, outputs)) for token in _banned(p, out)]
+    if not banned:
+        return {}
+    rows, ids = zip(*banned)
+    index = torch.tensor([rows, ids], dtype=torch.int64, device=device)
+    return {"banned_tokens": (index[0], index[1])}
 
 
 def _banned(params: SamplingParams, output_token_ids: list[int]) -> list[int]:

@@ -71,14 +71,21 @@ class Worker:
         return self.runner.execute_model(scheduler_output)
 
 
+CPU_KV_CACHE_CAP_BYTES = 4 << 30
+"""The most an automatically sized CPU KV cache takes, vLLM-CPU's default (VLLM_CPU_KVCACHE_SPACE
+unset = 4 GiB): host memory is shared with the API server, the preprocess pool and whatever else
+runs on the machine, and the cache is zero-filled, so every byte of it is resident."""
+
+
 def kv_cache_budget_bytes(device: torch.device, utilization: float) -> int:
     """Bytes the KV cache may take when sized automatically, measured after the model loaded:
     on CUDA what keeps (1 - utilization) of the device free (activations come out of that
-    share); on CPU `utilization` of the memory the system reports available."""
+    share); on CPU `utilization` of the memory the system reports available, at most
+    CPU_KV_CACHE_CAP_BYTES (`--kv-cache-memory` sets more)."""
     if device.type == "cuda":
         free, total = torch.cuda.mem_get_info(device)
         return max(0, int(free - total * (1 - utilization)))
-    return int(available_memory_bytes() * utilization)
+    return min(CPU_KV_CACHE_CAP_BYTES, int(available_memory_bytes() * utilization))
 
 
 def available_memory_bytes(meminfo: Path = Path("/proc/meminfo")) -> int:

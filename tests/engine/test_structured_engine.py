@@ -8,12 +8,14 @@ import time
 
 import jsonschema
 import pytest
+import torch
 
 from mmserve import LLM, SamplingParams
 from mmserve.protocol import EngineRequest
 from mmserve.sampling_params import StructuredOutputsParams
 from mmserve.testing.checkpoints import checkpoint
-from mmserve.worker.worker import available_memory_bytes
+from mmserve.worker import worker as worker_module
+from mmserve.worker.worker import available_memory_bytes, kv_cache_budget_bytes
 
 SCHEMA = {
     "type": "object",
@@ -78,6 +80,13 @@ def test_auto_kv_cache_takes_free_memory_up_to_what_requests_can_use(model_dir):
     with LLM(model_dir, max_num_seqs=2, max_model_len=256, block_size=16) as llm:
         assert llm.engine_core.scheduler.kv.pool.num_blocks == 2 * 256 // 16
     assert available_memory_bytes() > 0
+
+
+def test_auto_kv_cache_on_cpu_takes_at_most_four_gib(monkeypatch):
+    monkeypatch.setattr(worker_module, "available_memory_bytes", lambda: 64 << 30)
+    assert kv_cache_budget_bytes(torch.device("cpu"), 0.9) == 4 << 30
+    monkeypatch.setattr(worker_module, "available_memory_bytes", lambda: 2 << 30)
+    assert kv_cache_budget_bytes(torch.device("cpu"), 0.5) == 1 << 30
 
 
 def test_available_memory_reads_meminfo(tmp_path):

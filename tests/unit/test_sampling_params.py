@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from mmserve.sampling_params import MAX_LOGPROBS, SamplingParams, SamplingType
+from mmserve.sampling_params import MAX_LOGPROBS, SamplingParams, SamplingType, StructuredOutputsParams
 
 BAD_VALUES = [
     ("n", 0),
@@ -92,6 +92,26 @@ def test_clone_owns_its_lists() -> None:
     clone.stop_token_ids.append(2)
     assert params.stop == ["a"] and params.stop_token_ids == [1]
     assert clone == SamplingParams(stop=["a", "b"], stop_token_ids=[1, 2])
+
+
+def test_clone_equals_the_original_and_shares_no_mutable_field() -> None:
+    params = SamplingParams(
+        stop=["x"],
+        logit_bias={3: 1.5},
+        allowed_token_ids=[4, 5],
+        bad_words_token_ids=[[6, 7]],
+        structured_outputs=StructuredOutputsParams(choice=["yes", "no"]),
+        eos_token_ids=[9],
+        seed=3,
+    )
+    clone = params.clone()
+    assert clone == params
+    clone.logit_bias[3] = 0.0
+    clone.bad_words_token_ids[0].append(8)
+    clone.structured_outputs.choice.append("maybe")
+    clone.eos_token_ids.append(10)
+    assert params.logit_bias == {3: 1.5} and params.bad_words_token_ids == [[6, 7]]
+    assert params.structured_outputs.choice == ["yes", "no"] and params.eos_token_ids == [9]
 
 
 QWEN2_VL_GENERATION_CONFIG = {

@@ -13,6 +13,7 @@ from mmserve.layers.sampler import (
     Sampler,
     SamplingMetadata,
     apply_penalties_and_min_tokens,
+    row_argmax,
     sampling_probs,
 )
 
@@ -198,6 +199,41 @@ def test_all_greedy_without_options_is_the_plain_argmax() -> None:
     metadata = SamplingMetadata(temperature=torch.zeros(5), all_greedy=True, all_random=False)
     out = Sampler()(logits, metadata)
     assert torch.equal(out.sampled_token_ids, logits.argmax(-1))
+
+
+def test_row_argmax_is_torch_argmax_with_ties_infinities_and_strides() -> None:
+    gen = torch.Generator().manual_seed(6)
+    logits = torch.randint(0, 4, (9, VOCAB), generator=gen).float()  # many ties per row
+    logits[1] = -math.inf
+    logits[2, 7:] = math.inf
+    logits[3, 5] = math.nan
+    for x in (logits, logits[:, ::2], logits.t().contiguous().t(), torch.randn(1, VOCAB).expand(4, -1)):
+        assert row_argmax(x).dtype == torch.int64
+        assert torch.equal(row_argmax(x), x.argmax(dim=-1))
+    assert torch.equal(row_argmax(logits.bfloat16()), logits.bfloat16().argmax(dim=-1))
+
+
+def test_all_greedy_rows_never_sort_or_softmax_the_vocabulary(monkeypatch) -> None:
+    """Greedy rows with top-k / top-p / min-p set (a model's generation defaults do that) still
+    cost one argmax: no sort, no softmax, no probabilities."""
+
+    def forbidden(*args, **kwargs):
+        raise AssertionError("an all-greedy batch without logprobs took the random path")
+
+    for name in ("sort", "softmax", "log_softmax", "cumsum"):
+        monkeypatch.setattr(torch.Tensor, name, forbidden)
+    monkeypatch.setattr("mmserve.layers.sampler.sampling_probs", forbidden)
+    logits = torch.randn(6, VOCAB, generator=torch.Generator().manual_seed(5))
+    metadata = SamplingMetadata(
+        temperature=torch.zeros(6),
+        all_greedy=True,
+        all_random=False,
+        top_k=torch.full((6,), 3),
+        top_p=torch.full((6,), 0.5),
+        min_p=torch.full((6,), 0.1),
+    )
+    out = Sampler()(logits, metadata)
+    assert torch.equal(out.sampled_token_ids, logits.argmax(-1)) and out.logprobs_tensors is None
 
 
 def test_min_tokens_forbids_stop_ids_until_reached() -> None:

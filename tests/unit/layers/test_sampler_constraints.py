@@ -10,7 +10,7 @@ import torch
 from mmserve.core.sched_output import GrammarBitmask
 from mmserve.layers.sampler import Sampler, SamplingMetadata, apply_token_constraints
 from mmserve.sampling_params import SamplingParams
-from mmserve.worker.token_constraints import grammar_fields, token_constraint_fields
+from mmserve.worker.token_constraints import banned_token_fields, grammar_fields, static_constraint_fields
 
 V = 70
 
@@ -28,7 +28,8 @@ def test_each_constraint_changes_only_its_rows():
     ]
     outputs = [[], [], [9, 1], []]
     logits = torch.randn(4, V)
-    fields = token_constraint_fields(params, outputs, V, torch.device("cpu"))
+    cpu = torch.device("cpu")
+    fields = static_constraint_fields(params, V, cpu) | banned_token_fields(params, outputs, cpu)
     out = apply_token_constraints(logits.clone(), greedy(4, **fields))
     assert out[0].argmax() == 5 and out[0, 5] == logits[0, 5] + 100
     assert torch.isinf(out[1]).sum() == V - 2 and out[1, [7, 8]].isfinite().all()
@@ -38,7 +39,8 @@ def test_each_constraint_changes_only_its_rows():
 
 
 def test_no_constraint_costs_nothing():
-    assert token_constraint_fields([SamplingParams()] * 3, [[]] * 3, V, torch.device("cpu")) == {}
+    assert static_constraint_fields([SamplingParams()] * 3, V, torch.device("cpu")) == {}
+    assert banned_token_fields([SamplingParams()] * 3, [[]] * 3, torch.device("cpu")) == {}
     assert grammar_fields(None, ["a"], torch.device("cpu")) == {}
 
 

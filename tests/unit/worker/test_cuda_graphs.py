@@ -26,7 +26,6 @@ from mmserve.worker.cuda_graphs import (
     padded_size,
 )
 from mmserve.worker.model_runner import ModelRunner
-from mmserve.worker.step_inputs import prepare_step_inputs
 
 pytest.importorskip("triton")
 
@@ -108,7 +107,7 @@ def test_a_padded_decode_step_matches_the_step_as_it_is():
     cached = CachedRequestData(["r0", "r1", "r2"], [[], [], []], prompt_lens)
     step = SchedulerOutput([], cached, dict.fromkeys(["r0", "r1", "r2"], 1), 3, {}, set(), [])
     runner._update_states(step)
-    inputs = prepare_step_inputs(runner.batch, step.num_scheduled_tokens, runner.block_size, CPU)
+    inputs = runner.step_inputs.prepare(step.num_scheduled_tokens)
     assert is_decode_only(inputs.attn_metadata, inputs.token_index, runner.batch.mm_end[inputs.rows])
     embeds = runner._embed(inputs)
     caches_before = [c.clone() for c in runner.kv_caches]
