@@ -37,18 +37,25 @@ __all__ = [
 
 @dataclass(frozen=True)
 class CacheConfig:
-    """Paged KV cache. Either `num_blocks` or `kv_cache_memory_bytes` sizes it."""
+    """Paged KV cache, sized by `num_blocks`, else `kv_cache_memory_bytes`, else (None, the
+    default: "auto") from the memory free once the model is loaded: `memory_utilization` of it
+    on CPU; on CUDA what keeps (1 - memory_utilization) of the device free, as vLLM's
+    --gpu-memory-utilization. Auto never takes more than every running request at
+    max_model_len could fill."""
 
     block_size: int = 16
     num_blocks: int | None = None
-    kv_cache_memory_bytes: int = 2 << 30
+    kv_cache_memory_bytes: int | None = None
     enable_prefix_caching: bool = True
+    memory_utilization: float = 0.9
 
     def __post_init__(self) -> None:
         if self.block_size <= 0 or self.block_size % 1:
             raise ValueError(f"block_size must be a positive integer, got {self.block_size}")
         if self.num_blocks is not None and self.num_blocks < 1:
             raise ValueError(f"num_blocks must be ≥ 1, got {self.num_blocks}")
+        if not 0 < self.memory_utilization <= 1:
+            raise ValueError(f"memory_utilization must be in (0, 1], got {self.memory_utilization}")
 
 
 SCHEDULING_POLICIES = ("fcfs", "priority")
@@ -271,7 +278,8 @@ class EngineArgs:
     scheduling_policy: str = field_default(SchedulerConfig, "scheduling_policy")
     block_size: int = field_default(CacheConfig, "block_size")
     num_kv_blocks: int | None = field_default(CacheConfig, "num_blocks")
-    kv_cache_memory: int = field_default(CacheConfig, "kv_cache_memory_bytes")  # bytes
+    kv_cache_memory: int | None = field_default(CacheConfig, "kv_cache_memory_bytes")  # bytes; None = auto
+    memory_utilization: float = field_default(CacheConfig, "memory_utilization")
     enable_prefix_caching: bool = field_default(CacheConfig, "enable_prefix_caching")
     limit_mm_per_prompt: dict[str, int] = field(
         default_factory=lambda: field_default(MultiModalConfig, "limit_per_prompt")
@@ -311,6 +319,7 @@ class EngineArgs:
                 num_blocks=self.num_kv_blocks,
                 kv_cache_memory_bytes=self.kv_cache_memory,
                 enable_prefix_caching=self.enable_prefix_caching,
+                memory_utilization=self.memory_utilization,
             ),
             scheduler=SchedulerConfig(
                 max_num_seqs=self.max_num_seqs,

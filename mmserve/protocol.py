@@ -56,6 +56,10 @@ class EngineCoreOutput(msgspec.Struct, array_like=True, omit_defaults=True):
     new_logprobs: Logprobs | None = None
     num_cached_tokens: int = 0  # prompt tokens served from the prefix cache
     error: str | None = None  # message for finish_reason == "error"
+    # Prompt logprobs of the positions computed this step, in order: position i scores prompt
+    # token i + 1 (column 0 is that token, then the top k), the first position being the next
+    # one not yet sent
+    new_prompt_logprobs: Logprobs | None = None
 
 
 class SchedulerStats(msgspec.Struct, kw_only=True):

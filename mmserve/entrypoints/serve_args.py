@@ -28,6 +28,11 @@ def parse_bytes(text: str) -> int:
     return int(float(match.group(1)) * _UNITS[match.group(2).lower()])
 
 
+def parse_kv_cache_memory(text: str) -> int | None:
+    """'auto' → None (sized from free memory); otherwise a size like parse_bytes."""
+    return None if text.strip().lower() == "auto" else parse_bytes(text)
+
+
 def format_bytes(num_bytes: int) -> str:
     """2147483648 → '2GiB' (whole binary units only; otherwise the number of bytes)."""
     for unit, size in (("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
@@ -178,9 +183,18 @@ def _add_scheduler_arguments(group: argparse._ArgumentGroup) -> None:
 
 def _add_cache_arguments(group: argparse._ArgumentGroup) -> None:
     _engine_flag(group, "block_size", "Tokens per KV cache block (default %(default)s).", type=int)
-    kv_cache_memory = format_bytes(field_default(EngineArgs, "kv_cache_memory"))
     _engine_flag(
-        group, "kv_cache_memory", f"KV cache size, e.g. 2GiB (default {kv_cache_memory}).", type=parse_bytes
+        group,
+        "kv_cache_memory",
+        "KV cache size, e.g. 2GiB, or auto: from the memory free after loading the model (default auto).",
+        type=parse_kv_cache_memory,
+    )
+    _engine_flag(
+        group,
+        "memory_utilization",
+        "With --kv-cache-memory auto: on CPU the fraction of free memory the KV cache may take; on "
+        "CUDA the fraction of the device the engine may fill (default %(default)s).",
+        type=float,
     )
     _engine_flag(group, "num_kv_blocks", "KV cache size in blocks; overrides --kv-cache-memory.", type=int)
     _engine_flag(

@@ -34,15 +34,21 @@ class Frontend:
         self.pool.close()
 
 
-def default_sampling_params(model_dir: Path, *, open_ended: bool) -> SamplingParams:
+def default_sampling_params(
+    model_dir: Path, *, open_ended: bool, eos_token_ids: tuple[int, ...] = ()
+) -> SamplingParams:
     """SamplingParams with the model's generation_config.json defaults and EOS ids applied.
 
+    `eos_token_ids` are the model's (ModelConfig's: generation_config.json's, else
+    config.json's), so a folder without generation_config.json still stops at EOS.
     Where the file sets no max_new_tokens, `open_ended` lets answers run to the context limit
     (the server's convention, as in vLLM's server); otherwise SamplingParams' own max_tokens
     stays (as vLLM's offline LLM)."""
     params = SamplingParams()
     generation_file = model_dir / "generation_config.json"
     generation = json.loads(generation_file.read_text()) if generation_file.is_file() else {}
+    if generation.get("eos_token_id") is None and eos_token_ids:
+        generation = {**generation, "eos_token_id": list(eos_token_ids)}
     params.update_from_generation_config(generation)
     if open_ended and "max_new_tokens" not in generation:
         params.max_tokens = None
@@ -69,7 +75,9 @@ def build_frontend(config: EngineConfig, media: MediaLoader, *, open_ended: bool
             config.multimodal.max_images_per_prompt,
             video_support(config, tokenizer),
         )
-        default_params = default_sampling_params(model_dir, open_ended=open_ended)
+        default_params = default_sampling_params(
+            model_dir, open_ended=open_ended, eos_token_ids=config.model.eos_token_ids
+        )
     except BaseException:
         pool.close()
         raise

@@ -86,15 +86,17 @@ def parse_messages(
         content = message.get("content")
         if content is None and role == "assistant":
             content = ""
+        # A template that renders tools reads these beside the content.
+        tool_fields = {key: message[key] for key in ("tool_calls", "tool_call_id", "name") if key in message}
         if isinstance(content, str):
-            template_messages.append({"role": role, "content": content})
+            template_messages.append({"role": role, "content": content, **tool_fields})
             continue
         if not isinstance(content, list):
             raise PromptError(f"messages[{i}].content must be a string or a list of parts", "messages")
         parts = []
         for j, part in enumerate(content):
             parts.append(_parse_part(part, f"messages[{i}].content[{j}]", refs))
-        template_messages.append({"role": role, "content": parts})
+        template_messages.append({"role": role, "content": parts, **tool_fields})
     num_videos = sum(isinstance(ref, VideoRef) for ref in refs)
     if max_images is not None and len(refs) - num_videos > max_images:
         raise PromptError(

@@ -79,12 +79,14 @@ class VisionMLP(nn.Module):
 
 
 class VisionBlock(nn.Module):
+    mlp_class: type[nn.Module] = VisionMLP
+
     def __init__(self, vision: VisionConfig, group: TensorParallelGroup | None = None) -> None:
         super().__init__()
         self.norm1 = nn.LayerNorm(vision.dim, eps=1e-6)
         self.norm2 = nn.LayerNorm(vision.dim, eps=1e-6)
         self.attn = VisionAttention(vision.dim, vision.num_heads, group)
-        self.mlp = VisionMLP(vision.dim, vision.mlp_dim, vision.hidden_act, group)
+        self.mlp = self.mlp_class(vision.dim, vision.mlp_dim, vision.hidden_act, group)
 
     def forward(self, x, cos, sin, cu_seqlens: list[int]) -> torch.Tensor:
         x = x + self.attn(self.norm1(x), cos, sin, cu_seqlens)
@@ -94,7 +96,9 @@ class VisionBlock(nn.Module):
 class PatchMerger(nn.Module):
     """Concatenates each merge block's patches and projects them to the language model width."""
 
-    def __init__(self, vision: VisionConfig, norm: nn.Module, group: TensorParallelGroup | None = None) -> None:
+    def __init__(
+        self, vision: VisionConfig, norm: nn.Module, group: TensorParallelGroup | None = None
+    ) -> None:
         super().__init__()
         self.merged_dim = vision.dim * vision.spatial_merge_size**2
         self.ln_q = norm
@@ -153,7 +157,9 @@ class Qwen2VLForConditionalGeneration(nn.Module):
     vision_tower_class: type[nn.Module] = Qwen2VisionTransformer
     language_model_class: type[Qwen2Model] = Qwen2Model
 
-    def __init__(self, config: ModelConfig, backend: AttentionBackend, encoder_data_parallel: bool = False) -> None:
+    def __init__(
+        self, config: ModelConfig, backend: AttentionBackend, encoder_data_parallel: bool = False
+    ) -> None:
         super().__init__()
         self.config = config
         self.tp_group = get_tp_group()
@@ -197,9 +203,8 @@ class Qwen2VLForConditionalGeneration(nn.Module):
     ) -> torch.Tensor:
         return self.model(inputs_embeds, positions, kv_caches, metadata)
 
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor | None:
-        """hidden: [R, hidden] → float32 logits [R, vocab_size] on the first rank (the one that
-        samples); None on the other ranks of a tensor-parallel group."""
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden: [R, hidden] → float32 logits [R, vocab_size], the same on every rank."""
         return self.lm_head.compute_logits(hidden)
 
     def load_weights(self, weights: Iterable[tuple[str, CheckpointTensor]]) -> None:

@@ -25,7 +25,7 @@ from mmserve.layers.activation import get_activation
 from mmserve.layers.attention import AttentionBackend, AttentionMetadata
 from mmserve.layers.linear import ColumnParallelLinear, RowParallelLinear
 from mmserve.layers.rotary import VisionRotaryEmbedding, vision_patch_positions
-from mmserve.models.qwen2_vl import Grid, Qwen2VLForConditionalGeneration, VisionAttention, image_cu_seqlens
+from mmserve.models.qwen2_vl import Grid, Qwen2VLForConditionalGeneration, VisionBlock, image_cu_seqlens
 from mmserve.models.qwen3 import Qwen3Model
 
 
@@ -55,17 +55,10 @@ class Qwen3VisionMLP(nn.Module):
         return self.linear_fc2(self.act(self.linear_fc1(x)))
 
 
-class Qwen3VisionBlock(nn.Module):
-    def __init__(self, vision: VisionConfig, group: TensorParallelGroup | None = None) -> None:
-        super().__init__()
-        self.norm1 = nn.LayerNorm(vision.dim, eps=1e-6)
-        self.norm2 = nn.LayerNorm(vision.dim, eps=1e-6)
-        self.attn = VisionAttention(vision.dim, vision.num_heads, group)
-        self.mlp = Qwen3VisionMLP(vision.dim, vision.mlp_dim, vision.hidden_act, group)
+class Qwen3VisionBlock(VisionBlock):
+    """Qwen2-VL's block (LayerNorms, attention with 2-D RoPE, an MLP) with Qwen3's MLP names."""
 
-    def forward(self, x, cos, sin, cu_seqlens: list[int]) -> torch.Tensor:
-        x = x + self.attn(self.norm1(x), cos, sin, cu_seqlens)
-        return x + self.mlp(self.norm2(x))
+    mlp_class = Qwen3VisionMLP
 
 
 class Qwen3PatchMerger(nn.Module):
@@ -155,7 +148,9 @@ class Qwen3VLForConditionalGeneration(Qwen2VLForConditionalGeneration):
     vision_tower_class = Qwen3VisionTransformer
     language_model_class = Qwen3Model
 
-    def __init__(self, config: ModelConfig, backend: AttentionBackend, encoder_data_parallel: bool = False) -> None:
+    def __init__(
+        self, config: ModelConfig, backend: AttentionBackend, encoder_data_parallel: bool = False
+    ) -> None:
         super().__init__(config, backend, encoder_data_parallel)
         # (visual rows, DeepStack features) of the step being run: set by
         # merge_multimodal_embeddings, taken by the forward that follows it

@@ -93,16 +93,10 @@ IMAGE_STD = [0.26862954, 0.26130258, 0.27577711]
 INIT_STD = 0.1
 
 
-def make_config(family: str, preset: Preset) -> dict:
-    """config.json: the hub's flat layout (Qwen2-VL, Qwen2.5-VL), transformers 5's (Qwen3-VL)."""
-    if family == "qwen3_vl":
-        return qwen3.make_config(preset, INIT_STD)
-    ids = tok.special_token_ids()
-    head_dim = preset.hidden_size // preset.num_heads
-    assert 2 * sum(preset.mrope_section) == head_dim, "mrope_section must cover head_dim / 2"
-    vision: dict
+def vision_config(family: str, preset: Preset) -> tuple[str, dict]:
+    """(architecture, vision_config) of a Qwen2-VL or Qwen2.5-VL folder."""
     if family == "qwen2_vl":
-        vision = {
+        return "Qwen2VLForConditionalGeneration", {
             "depth": preset.vision_depth,
             "embed_dim": preset.vision_dim,
             "mlp_ratio": 4,
@@ -115,9 +109,8 @@ def make_config(family: str, preset: Preset) -> dict:
             "spatial_patch_size": PATCH_SIZE,
             "temporal_patch_size": TEMPORAL_PATCH_SIZE,
         }
-        architecture = "Qwen2VLForConditionalGeneration"
-    elif family == "qwen2_5_vl":
-        vision = {
+    if family == "qwen2_5_vl":
+        return "Qwen2_5_VLForConditionalGeneration", {
             "depth": preset.vision_depth,
             "hidden_act": "silu",
             "hidden_size": preset.vision_dim,
@@ -133,9 +126,17 @@ def make_config(family: str, preset: Preset) -> dict:
             "window_size": 112,
             "fullatt_block_indexes": list(preset.fullatt_block_indexes),
         }
-        architecture = "Qwen2_5_VLForConditionalGeneration"
-    else:
-        raise ValueError(f"unknown family {family!r}; expected one of {FAMILIES}")
+    raise ValueError(f"unknown family {family!r}; expected one of {FAMILIES}")
+
+
+def make_config(family: str, preset: Preset) -> dict:
+    """config.json: the hub's flat layout (Qwen2-VL, Qwen2.5-VL), transformers 5's (Qwen3-VL)."""
+    if family == "qwen3_vl":
+        return qwen3.make_config(preset, INIT_STD)
+    ids = tok.special_token_ids()
+    head_dim = preset.hidden_size // preset.num_heads
+    assert 2 * sum(preset.mrope_section) == head_dim, "mrope_section must cover head_dim / 2"
+    architecture, vision = vision_config(family, preset)
     return {
         "architectures": [architecture],
         "model_type": family,
@@ -173,6 +174,11 @@ def weight_shapes(family: str, preset: Preset) -> dict[str, tuple[int, ...]]:
     """Every tensor of the checkpoint with its shape, named as in the hub's checkpoints."""
     if family == "qwen3_vl":
         return qwen3.weight_shapes(preset)
+    return language_model_shapes(preset) | vision_tower_shapes(family, preset)
+
+
+def language_model_shapes(preset: Preset) -> dict[str, tuple[int, ...]]:
+    """The Qwen2 language model's tensors (`model.*`, `lm_head.*`)."""
     h, inter = preset.hidden_size, preset.intermediate_size
     head_dim = h // preset.num_heads
     kv = preset.num_kv_heads * head_dim
@@ -197,6 +203,13 @@ def weight_shapes(family: str, preset: Preset) -> dict[str, tuple[int, ...]]:
             p + "input_layernorm.weight": (h,),
             p + "post_attention_layernorm.weight": (h,),
         }
+    return shapes
+
+
+def vision_tower_shapes(family: str, preset: Preset) -> dict[str, tuple[int, ...]]:
+    """The Qwen2-VL / Qwen2.5-VL vision tower's tensors (`visual.*`)."""
+    h = preset.hidden_size
+    shapes: dict[str, tuple[int, ...]] = {}
     d = preset.vision_dim
     merged = d * MERGE_SIZE**2
     shapes["visual.patch_embed.proj.weight"] = (d, 3, TEMPORAL_PATCH_SIZE, PATCH_SIZE, PATCH_SIZE)

@@ -23,8 +23,10 @@ from mmserve.layers.sampler import LogprobsTensors, Sampler
 from mmserve.models.loader import load_model
 from mmserve.worker.encoder_cache import EncoderCache
 from mmserve.worker.input_batch import InputBatch, new_request_state
+from mmserve.worker.prompt_logprobs import compute_prompt_logprobs
 from mmserve.worker.sampling_metadata import build_sampling_metadata
 from mmserve.worker.step_inputs import StepInputs, multimodal_scatter_plan, prepare_step_inputs
+from mmserve.worker.token_constraints import grammar_fields
 
 
 class ModelRunner:
@@ -48,6 +50,7 @@ class ModelRunner:
         self.batch = InputBatch(scheduler_config.max_num_seqs, model_config.max_model_len, max_blocks_per_req)
         self.kv_caches: list[torch.Tensor] = []
         self.num_encoder_calls = 0  # forward passes of the vision tower (tests count these)
+        self.prompt_logprob_req_ids: set[str] = set()  # held requests that ask for prompt logprobs
 
     # ---------------------------------------------------------------- KV cache
 
@@ -75,15 +78,22 @@ class ModelRunner:
         )
         embeds = self._embed(inputs)
         hidden = self.model(embeds, inputs.positions, self.kv_caches, inputs.attn_metadata)
-        output = self._sample(inputs, hidden)
+        prompt_logprobs = {}
+        if self.prompt_logprob_req_ids:
+            prompt_logprobs = compute_prompt_logprobs(
+                self.model.compute_logits, self.batch, inputs, hidden, self.prompt_logprob_req_ids
+            )
+        output = self._sample(inputs, hidden, scheduler_output)
         self._advance_batch(inputs, output)
         output.num_encoder_runs = num_encoded
+        output.prompt_logprobs = prompt_logprobs
         return output
 
     def _update_states(self, scheduler_output: SchedulerOutput) -> None:
         for req_id in scheduler_output.dropped_req_ids:
             if req_id in self.batch.row_of:
                 self.batch.remove(req_id)
+            self.prompt_logprob_req_ids.discard(req_id)
         self.encoder_cache.free(scheduler_output.free_encoder_mm_hashes)
         cached = scheduler_output.scheduled_cached_reqs
         for req_id, new_blocks, num_computed in zip(
@@ -105,6 +115,8 @@ class ModelRunner:
             self.model_config.vision.tokens_per_second,
         )
         self.batch.add(state, new.num_computed_tokens, new.block_ids)
+        if new.sampling_params.prompt_logprobs is not None:
+            self.prompt_logprob_req_ids.add(new.req_id)
 
     def _run_encoder(self, scheduler_output: SchedulerOutput) -> int:
         """Encode, in one vision-tower call, every image scheduled for encoding this step (the
@@ -137,9 +149,11 @@ class ModelRunner:
             embeds = self.model.merge_multimodal_embeddings(embeds, rows, torch.cat(sources))
         return embeds
 
-    def _sample(self, inputs: StepInputs, hidden: torch.Tensor) -> ModelRunnerOutput:
-        """One token for each request that computed its last known token this step; the others
-        (mid-prefill) get an empty list."""
+    def _sample(
+        self, inputs: StepInputs, hidden: torch.Tensor, scheduler_output: SchedulerOutput
+    ) -> ModelRunnerOutput:
+        """One token for each request that computed its last known token this step (within its
+        grammar's mask, if any); the others (mid-prefill) get an empty list."""
         sampled_rows = inputs.rows[inputs.sample_mask]
         sampled_token_ids: list[list[int]] = [[] for _ in inputs.req_ids]
         logprobs: dict[str, LogprobsLists] = {}
@@ -148,8 +162,13 @@ class ModelRunner:
             metadata = build_sampling_metadata(
                 self.batch, sampled_rows, self.model_config.vocab_size, self.device
             )
-            result = self.sampler(logits, metadata)
             positions = np.nonzero(inputs.sample_mask)[0]
+            sampled_ids = [inputs.req_ids[pos] for pos in positions]
+            for name, value in grammar_fields(
+                scheduler_output.grammar_bitmask, sampled_ids, self.device
+            ).items():
+                setattr(metadata, name, value)
+            result = self.sampler(logits, metadata)
             for i, (pos, token) in enumerate(zip(positions, result.sampled_token_ids.tolist())):
                 req_id = inputs.req_ids[pos]
                 sampled_token_ids[pos] = [token]
