@@ -2,7 +2,8 @@
 
 `ModelConfig` is read from a Hugging Face model folder (`mmserve.model_config`, re-exported
 here); the others are built by `EngineArgs.create_engine_config` from what a user sets (the
-offline `LLM(...)` keyword arguments or the `mmserve serve` flags). `ServerConfig` is the HTTP server's own. Derived values
+offline `LLM(...)` keyword arguments or the `mmserve serve` flags). `ServerConfig` is the HTTP
+server's own. Derived values
 are properties, never written back. Every default is written once, on its slice's field:
 `EngineArgs` and the CLI read them from there (`field_default`).
 """

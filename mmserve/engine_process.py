@@ -12,6 +12,7 @@ import zmq
 
 from mmserve import protocol
 from mmserve.config import EngineConfig
+from mmserve.core.sched_output import ExecutorDeadError
 
 if TYPE_CHECKING:
     from mmserve.core.engine_core import EngineCore
@@ -53,18 +54,24 @@ def run_engine_core_process(
     outbox.send_multipart([protocol.READY, str(engine_core.scheduler.kv.pool.num_blocks).encode()])
     poller = zmq.Poller()
     poller.register(inbox, zmq.POLLIN)
-    while not stop:
-        if os.getppid() != parent_pid:
-            logger.error("the API server process is gone; EngineCore exits")
-            break
-        timeout_ms = 0 if engine_core.has_work() else 200
-        if poller.poll(timeout_ms):
-            _drain_inbox(inbox, engine_core)
-        if engine_core.has_work():
-            outbox.send_multipart(protocol.encode_outputs(engine_core.step()), copy=False)
-    inbox.close(linger=0)
-    outbox.close(linger=1000)
-    ctx.term()
+    try:
+        while not stop:
+            if os.getppid() != parent_pid:
+                logger.error("the API server process is gone; EngineCore exits")
+                break
+            timeout_ms = 0 if engine_core.has_work() else 200
+            if poller.poll(timeout_ms):
+                _drain_inbox(inbox, engine_core)
+            if engine_core.has_work():
+                outbox.send_multipart(protocol.encode_outputs(engine_core.step()), copy=False)
+    except ExecutorDeadError:
+        logger.exception("a worker is gone; EngineCore exits")
+        raise SystemExit(1) from None  # the frontend sees the process end: the engine is dead
+    finally:
+        engine_core.shutdown()
+        inbox.close(linger=0)
+        outbox.close(linger=1000)
+        ctx.term()
 
 
 def _drain_inbox(inbox: zmq.Socket, engine_core: EngineCore) -> None:

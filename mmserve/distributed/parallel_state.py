@@ -52,7 +52,9 @@ class TensorParallelGroup:
 
     def _group(self) -> dist.ProcessGroup:
         if self.process_group is None:
-            raise RuntimeError(f"rank {self.rank} of {self.world_size} has no process group to communicate on")
+            raise RuntimeError(
+                f"rank {self.rank} of {self.world_size} has no process group to communicate on"
+            )
         return self.process_group
 
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
@@ -71,24 +73,6 @@ class TensorParallelGroup:
         parts = [torch.empty_like(x) for _ in range(self.world_size)]
         dist.all_gather(parts, x.contiguous(), group=self._group())
         return torch.cat(parts, dim=dim)
-
-    def gather(self, x: torch.Tensor, dim: int = -1, dst: int = 0) -> torch.Tensor | None:
-        """Every rank's `x` concatenated along `dim` on rank `dst`; None on the other ranks."""
-        if self.world_size == 1:
-            return x
-        self.stats.record("gather", x)
-        x = x.contiguous()
-        parts = [torch.empty_like(x) for _ in range(self.world_size)] if self.rank == dst else None
-        dist.gather(x, parts, dst=dst, group=self._group())
-        return torch.cat(parts, dim=dim) if parts is not None else None
-
-    def broadcast(self, x: torch.Tensor, src: int = 0) -> torch.Tensor:
-        """Rank `src`'s `x`, written into `x` on every other rank (same shape and dtype)."""
-        if self.world_size == 1:
-            return x
-        self.stats.record("broadcast", x)
-        dist.broadcast(x, src=src, group=self._group())
-        return x
 
 
 SINGLE_RANK = TensorParallelGroup(0, 1)
@@ -112,6 +96,12 @@ class DistributedInit:
     world_size: int
     backend: str  # "gloo" | "nccl"
     timeout_s: float = 600.0
+
+
+def host_store(host: str) -> dist.TCPStore:
+    """The rendezvous store the ranks join, on a port the OS picks (`.port`); the executor holds
+    it for the engine's lifetime."""
+    return dist.TCPStore(host, 0, is_master=True, wait_for_workers=False)
 
 
 def init_tensor_parallel(init: DistributedInit) -> TensorParallelGroup:

@@ -87,7 +87,9 @@ class MergedColumnParallelLinear(_Linear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return F.linear(x, self.weight, self.bias)
 
-    def weight_loader(self, param: nn.Parameter, loaded: CheckpointTensor, shard_id: int | None = None) -> None:
+    def weight_loader(
+        self, param: nn.Parameter, loaded: CheckpointTensor, shard_id: int | None = None
+    ) -> None:
         """One part (`shard_id`), or with no shard id the whole fused tensor: every part at once."""
         if shard_id is None:
             check_shape("fused tensor", (sum(self.output_sizes), *param.shape[1:]), loaded)
@@ -98,7 +100,9 @@ class MergedColumnParallelLinear(_Linear):
             check_shape(f"part {shard_id}", (self.output_sizes[shard_id], *param.shape[1:]), loaded)
         for shard in shards:
             offset, n = sum(self.local_sizes[:shard]), self.local_sizes[shard]
-            param.data.narrow(0, offset, n).copy_(loaded.narrow(0, bases[shard] + self._source_start(shard), n))
+            param.data.narrow(0, offset, n).copy_(
+                loaded.narrow(0, bases[shard] + self._source_start(shard), n)
+            )
 
 
 class QKVParallelLinear(MergedColumnParallelLinear):

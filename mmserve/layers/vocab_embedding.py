@@ -2,8 +2,9 @@
 
 Rank r holds rows [r·n, (r + 1)·n) of the vocabulary padded to a multiple of the rank count (n =
 ceil(vocab / ranks); padding rows are zero). The embedding looks up the ids in its range, zeroes
-the others and sums over the ranks; the LM head computes its range's logits and gathers them on
-the first rank only, the one that samples, once per step.
+the others and sums over the ranks; the LM head computes its range's logits and all-gathers them
+once per step, so every rank holds the same logits and samples the same tokens (each worker keeps
+its own copy of every request's tokens, as in vLLM V1: the scheduler never sends them back).
 """
 
 from __future__ import annotations
@@ -18,7 +19,9 @@ from mmserve.layers.weights import CheckpointTensor, check_shape
 
 
 class VocabParallelEmbedding(nn.Module):
-    def __init__(self, num_embeddings: int, embedding_dim: int, group: TensorParallelGroup | None = None) -> None:
+    def __init__(
+        self, num_embeddings: int, embedding_dim: int, group: TensorParallelGroup | None = None
+    ) -> None:
         super().__init__()
         self.group = group or get_tp_group()
         self.num_embeddings = num_embeddings
@@ -47,10 +50,9 @@ class VocabParallelEmbedding(nn.Module):
 class ParallelLMHead(VocabParallelEmbedding):
     """The output projection over the vocabulary (its weight may be the embedding's, tied)."""
 
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor | None:
-        """hidden: [R, hidden] → float32 logits [R, vocab] on the first rank; None on the others."""
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden: [R, hidden] → float32 logits [R, vocab], the same on every rank."""
         logits = F.linear(hidden, self.weight).float()  # [R, rows_per_rank]
         if self.group.world_size == 1:
             return logits
-        gathered = self.group.gather(logits, dim=-1)
-        return None if gathered is None else gathered[:, : self.num_embeddings]
+        return self.group.all_gather(logits, dim=-1)[:, : self.num_embeddings]  # [R, vocab]

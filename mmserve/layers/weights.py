@@ -34,7 +34,9 @@ class CheckpointTensor:
     def narrow(self, dim: int, start: int, length: int) -> torch.Tensor:
         """Rows [start, start + length) of dimension `dim`; only those are read."""
         if start < 0 or length < 0 or start + length > self.shape[dim]:
-            raise ValueError(f"slice [{start}, {start + length}) outside dimension {dim} of {tuple(self.shape)}")
+            raise ValueError(
+                f"slice [{start}, {start + length}) outside dimension {dim} of {tuple(self.shape)}"
+            )
         index = (slice(None),) * dim + (slice(start, start + length),)
         return self._read(index).to(self.dtype)
 
