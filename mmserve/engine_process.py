@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import sys
 from typing import TYPE_CHECKING
 
 import msgspec
@@ -54,6 +55,7 @@ def run_engine_core_process(
     outbox.send_multipart([protocol.READY, str(engine_core.scheduler.kv.pool.num_blocks).encode()])
     poller = zmq.Poller()
     poller.register(inbox, zmq.POLLIN)
+    dead = False
     try:
         while not stop:
             if os.getppid() != parent_pid:
@@ -62,16 +64,23 @@ def run_engine_core_process(
             timeout_ms = 0 if engine_core.has_work() else 200
             if poller.poll(timeout_ms):
                 _drain_inbox(inbox, engine_core)
+            elif timeout_ms:
+                engine_core.check_health()  # idle: a dead worker would otherwise go unnoticed
             if engine_core.has_work():
                 outbox.send_multipart(protocol.encode_outputs(engine_core.step()), copy=False)
     except ExecutorDeadError:
         logger.exception("a worker is gone; EngineCore exits")
-        raise SystemExit(1) from None  # the frontend sees the process end: the engine is dead
+        dead = True
     finally:
         engine_core.shutdown()
         inbox.close(linger=0)
-        outbox.close(linger=1000)
+        outbox.close(linger=0 if dead else 1000)
         ctx.term()
+    if dead:
+        # The frontend reports the engine dead when this process ends: end it now, without the
+        # interpreter's teardown (seconds on a loaded machine); everything it held is released.
+        sys.stderr.flush()
+        os._exit(1)
 
 
 def _drain_inbox(inbox: zmq.Socket, engine_core: EngineCore) -> None:

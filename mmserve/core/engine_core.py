@@ -21,6 +21,8 @@ logger = logging.getLogger("mmserve.engine_core")
 class Executor(Protocol):
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput: ...
 
+    def check_health(self) -> None: ...
+
     def shutdown(self) -> None: ...
 
 
@@ -82,6 +84,14 @@ class EngineCore:
             outputs.outputs[:0] = self._pending
             self._pending = []
         return outputs
+
+    def check_health(self) -> None:
+        """Raise ExecutorDeadError (after stopping what is left) if the executor lost a worker."""
+        try:
+            self.executor.check_health()
+        except ExecutorDeadError:
+            self.executor.shutdown()
+            raise
 
     def shutdown(self) -> None:
         """Stop the executor's workers (processes, sockets); the engine runs no more steps."""

@@ -31,6 +31,10 @@ class Executor(ABC):
     def collective_rpc(self, method: str, *args: Any) -> list[Any]:
         """`Worker.<method>(*args)` on every rank; the results in rank order."""
 
+    def check_health(self) -> None:
+        """Raise `ExecutorDeadError` if a worker is gone (called while the engine is idle, so a
+        death is reported without waiting for the next step). Nothing to check by default."""
+
     @abstractmethod
     def shutdown(self) -> None:
         """Stop every worker and free what the executor holds; safe to call twice."""

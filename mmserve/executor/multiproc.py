@@ -76,6 +76,10 @@ class MultiprocExecutor(Executor):
                 raise RuntimeError(f"worker {rank} failed to start: {payload.decode()}")
             started.add(rank)
 
+    def check_health(self) -> None:
+        if not self._closed:
+            self._check_alive()
+
     def _check_alive(self) -> None:
         for rank, process in enumerate(self.processes):
             if not process.is_alive():

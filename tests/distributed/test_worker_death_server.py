@@ -1,13 +1,13 @@
-"""A tensor-parallel server whose worker process is killed: the engine reports dead within 5 s,
-the open stream ends with an error, /health turns 503, the server exits non-zero, and no process
-of it is left."""
+"""A tensor-parallel server whose worker process is killed while the engine is idle: the engine
+reports dead within 5 s (it watches its workers between steps too), /health turns 503, a request
+is answered 5xx, the server exits non-zero, and no process of it is left. (A worker killed during
+a step: tests/distributed/test_executor.py.)"""
 
 from __future__ import annotations
 
 import os
 import re
 import signal
-import threading
 import time
 from pathlib import Path
 
@@ -38,39 +38,31 @@ def health(url: str) -> int | None:
         return None  # already gone
 
 
-def test_killed_worker_fails_the_stream_and_the_server_exits_nonzero(tmp_path):
-    server = ServerProcess(checkpoint("qwen2_vl"), "-tp", "2", "--preprocess-workers", "0", log_path=tmp_path / "log")
+def test_killed_worker_makes_the_server_answer_5xx_and_exit_nonzero(tmp_path):
+    model = checkpoint("qwen2_vl")
+    server = ServerProcess(model, "-tp", "2", "--preprocess-workers", "0", log_path=tmp_path / "log")
     try:
         server.wait_healthy()
         everything = descendants(server.proc.pid)
         workers = worker_pids(server)
         assert len(workers) == 2, server.log()
-        results: list = []
-
-        def stream() -> None:
-            body = {
-                "model": "m",
-                "messages": [{"role": "user", "content": "Tell me everything."}],
-                "max_tokens": 3000,
-                "ignore_eos": True,
-                "stream": True,
-            }
-            with httpx.stream("POST", server.url + "/v1/chat/completions", json=body, timeout=20) as r:
-                results.append(r.status_code)
-                results.append("".join(r.iter_lines()))
-
-        reader = threading.Thread(target=stream)
-        reader.start()
-        time.sleep(1.0)
         os.kill(workers[1], signal.SIGKILL)
         start = time.monotonic()
         while health(server.url) == 200 and time.monotonic() - start < 10:
             time.sleep(0.05)
         elapsed = time.monotonic() - start
-        reader.join(10)
         assert elapsed < 5, "the issue's contract: dead reported within 5 s"
-        assert results[0] == 200 and "error" in results[1] and results[1].endswith("data: [DONE]")
+        body = {"messages": [{"role": "user", "content": "Hello"}], "max_tokens": 4}
+        try:
+            status = httpx.post(server.url + "/v1/chat/completions", json=body, timeout=5).status_code
+        except httpx.HTTPError:
+            status = None  # the server had already exited
+        assert status is None or status >= 500
         assert server.proc.wait(timeout=10) != 0
-        assert not any(is_alive(pid) for pid in everything)
+        deadline = time.monotonic() + 5
+        while any(is_alive(pid) for pid in everything) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        left = {pid: Path(f"/proc/{pid}/cmdline").read_bytes()[:200] for pid in everything if is_alive(pid)}
+        assert not left
     finally:
         server.stop()
