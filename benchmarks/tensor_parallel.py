@@ -7,7 +7,7 @@ TP>1 step includes sending the scheduler output to the worker processes and rece
 tokens); the steps after the prefill are the decode steps. Per decode step it reports the bytes
 broadcast to the workers and, from rank 0's counters, the collectives' calls and bytes.
 
-    python benchmarks/tensor_parallel.py --preset mid --tp 1 2 \
+    python benchmarks/tensor_parallel.py --preset mid --configs 1x2 1x1 2x1 \
         --json benchmarks/results/tensor_parallel_mid.json
 """
 
@@ -110,7 +110,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--preset", default="mid")
     parser.add_argument("--family", default="qwen2_vl")
-    parser.add_argument("--tp", type=int, nargs="+", default=[1, 2])
+    parser.add_argument(
+        "--configs",
+        nargs="+",
+        default=["1x2", "1x1", "2x1"],
+        help="TPxTHREADS: tensor-parallel size by torch threads per rank",
+    )
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--prompt-len", type=int, default=256)
     parser.add_argument("--output-len", type=int, default=32)
@@ -118,14 +123,16 @@ def main() -> None:
     args = parser.parse_args()
     model_dir = checkpoint(args.family, args.preset)
     results = {"load": os.getloadavg(), "cores": len(os.sched_getaffinity(0)), "args": vars(args), "runs": {}}
-    for tp in args.tp:
+    for spec in args.configs:
+        tp, threads = (int(part) for part in spec.split("x"))
         for mode in ("weights", "data") if tp > 1 else ("weights",):
-            with LLM(model_dir, tensor_parallel_size=tp, mm_encoder_tp_mode=mode, dtype="float32") as llm:
-                run = {"image_step_ms": image_run(llm)}
+            settings = {"tensor_parallel_size": tp, "mm_encoder_tp_mode": mode, "num_threads": threads}
+            with LLM(model_dir, dtype="float32", **settings) as llm:
+                run = {"load_before": os.getloadavg()[0], "image_step_ms": image_run(llm)}
                 if mode == "weights":
                     run |= decode_run(llm, args.batch, args.prompt_len, args.output_len)
-            results["runs"][f"tp{tp}-{mode}"] = run
-            print(f"tp={tp} vision={mode}: {json.dumps(run)}", flush=True)
+            results["runs"][f"tp{tp}-threads{threads}-{mode}"] = run
+            print(f"tp={tp} threads/rank={threads} vision={mode}: {json.dumps(run)}", flush=True)
     results["load_after"] = os.getloadavg()
     if args.json:
         with open(args.json, "w") as f:

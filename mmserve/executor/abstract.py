@@ -31,9 +31,10 @@ class Executor(ABC):
     def collective_rpc(self, method: str, *args: Any) -> list[Any]:
         """`Worker.<method>(*args)` on every rank; the results in rank order."""
 
+    @abstractmethod
     def check_health(self) -> None:
         """Raise `ExecutorDeadError` if a worker is gone (called while the engine is idle, so a
-        death is reported without waiting for the next step). Nothing to check by default."""
+        death is reported without waiting for the next step)."""
 
     @abstractmethod
     def shutdown(self) -> None:

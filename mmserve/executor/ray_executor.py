@@ -44,6 +44,9 @@ class RayWorker:
         output = self.worker.execute_model(pickle.loads(payload))
         return pickle.dumps(output, protocol=5) if self.worker.rank == 0 else None
 
+    def ping(self) -> None:
+        """Answers at once (between steps): the executor's health check."""
+
     def rpc(self, method: str, args: tuple) -> Any:
         return getattr(self.worker, method)(*args)
 
@@ -116,6 +119,11 @@ class RayExecutor(Executor):
         if self._closed:
             raise ExecutorDeadError("the executor is shut down")
         return self._get_all([actor.rpc.remote(method, args) for actor in self.actors])
+
+    def check_health(self) -> None:
+        """Ask every actor for nothing, briefly: one that died answers with an error."""
+        if not self._closed:
+            self._get_all([actor.ping.remote() for actor in self.actors])
 
     def shutdown(self) -> None:
         if self._closed:

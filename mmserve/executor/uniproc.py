@@ -23,5 +23,8 @@ class UniprocExecutor(Executor):
     def collective_rpc(self, method: str, *args: Any) -> list[Any]:
         return [getattr(self.worker, method)(*args)]
 
+    def check_health(self) -> None:
+        """The worker is this process: nothing can die apart from it."""
+
     def shutdown(self) -> None:
-        pass
+        """Nothing runs apart from this process."""
