@@ -1,8 +1,9 @@
 """Frozen configuration slices. Each component is handed only the slice it needs.
 
-`ModelConfig` is read from a Hugging Face model folder; the others are built by
-`EngineArgs.create_engine_config` from what a user sets (the offline `LLM(...)` keyword
-arguments or the `mmserve serve` flags). `ServerConfig` is the HTTP server's own. Derived values
+`ModelConfig` is read from a Hugging Face model folder (`mmserve.model_config`, re-exported
+here); the others are built by `EngineArgs.create_engine_config` from what a user sets (the
+offline `LLM(...)` keyword arguments or the `mmserve serve` flags). `ServerConfig` is the HTTP
+server's own. Derived values
 are properties, never written back. Every default is written once, on its slice's field:
 `EngineArgs` and the CLI read them from there (`field_default`).
 """
@@ -10,211 +11,29 @@ are properties, never written back. Every default is written once, on its slice'
 from __future__ import annotations
 
 import dataclasses
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from mmserve.model_folder import eos_ids, max_image_tokens, max_video_tokens
+from mmserve.model_config import ModelConfig, VisionConfig, cpu_computes_natively, parse_dtype
 
-_DTYPES = {
-    "float32": torch.float32,
-    "fp32": torch.float32,
-    "float": torch.float32,
-    "bfloat16": torch.bfloat16,
-    "bf16": torch.bfloat16,
-    "float16": torch.float16,
-    "fp16": torch.float16,
-    "half": torch.float16,
-}
-
-
-def parse_dtype(name: str | torch.dtype, default: torch.dtype) -> torch.dtype:
-    """'auto' → `default` (the checkpoint's dtype); otherwise a known dtype name."""
-    if isinstance(name, torch.dtype):
-        return name
-    if name == "auto":
-        return default
-    if name not in _DTYPES:
-        raise ValueError(f"unknown dtype {name!r}; choose one of auto, {', '.join(sorted(_DTYPES))}")
-    return _DTYPES[name]
-
-
-# CPU flags (/proc/cpuinfo) with which torch computes a half-precision dtype natively.
-_FAST_CPU_FLAGS = {torch.bfloat16: {"avx512_bf16", "amx_bf16"}, torch.float16: {"avx512_fp16", "amx_fp16"}}
-
-
-def cpu_computes_natively(dtype: torch.dtype) -> bool:
-    """float32 always; bfloat16 / float16 only on CPUs with matching instructions (AVX512-BF16,
-    AMX...): elsewhere torch converts every operand, and a bf16 linear layer runs several times
-    slower than a float32 one (4-20x on an AVX2-only EPYC: BENCHMARKS.md, "dtype")."""
-    if dtype not in _FAST_CPU_FLAGS:
-        return True
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return False
-    lines = [line for line in text.splitlines() if line.startswith("flags")]
-    flags = set(lines[0].split(":", 1)[1].split()) if lines else set()
-    return bool(_FAST_CPU_FLAGS[dtype] & flags)
-
-
-@dataclass(frozen=True)
-class VisionConfig:
-    """The vision tower of a Qwen2-VL-family model."""
-
-    family: str  # "qwen2_vl" | "qwen2_5_vl" | "qwen3_vl"
-    depth: int
-    dim: int  # width of the vision transformer (Qwen2-VL `embed_dim`, Qwen2.5-VL `hidden_size`)
-    num_heads: int
-    mlp_dim: int
-    out_dim: int  # width of the merged tokens = the language model's hidden size
-    hidden_act: str
-    patch_size: int
-    spatial_merge_size: int
-    temporal_patch_size: int
-    in_channels: int = 3
-    rope_theta: float = 10000.0
-    window_size: int = 0  # Qwen2.5-VL window attention (pixels); 0 = none
-    fullatt_block_indexes: tuple[int, ...] = ()
-    tokens_per_second: float = 0.0  # Qwen2.5-VL: temporal position units per second of video
-    num_position_embeddings: int = 0  # Qwen3-VL: learned position table (a square grid)
-    deepstack_visual_indexes: tuple[int, ...] = ()  # Qwen3-VL: blocks whose features feed the LM
-
-    @property
-    def head_dim(self) -> int:
-        return self.dim // self.num_heads
-
-
-@dataclass(frozen=True)
-class ModelConfig:
-    """What the model code needs to know about a checkpoint, plus the chosen dtype and length."""
-
-    path: Path
-    architecture: str
-    family: str
-    vocab_size: int
-    hidden_size: int
-    intermediate_size: int
-    num_layers: int
-    num_heads: int
-    num_kv_heads: int
-    rms_norm_eps: float
-    rope_theta: float
-    mrope_section: tuple[int, int, int]
-    tie_word_embeddings: bool
-    image_token_id: int
-    vision_start_token_id: int
-    vision_end_token_id: int
-    vision: VisionConfig
-    dtype: torch.dtype
-    max_model_len: int
-    eos_token_ids: tuple[int, ...] = ()
-    max_image_tokens: int = 0  # placeholder tokens of the largest image the processor can produce
-    video_token_id: int = -1
-    max_video_tokens: int = 0  # placeholder tokens of the largest video item (Qwen3-VL: one frame pair)
-    explicit_head_dim: int = 0  # Qwen3 sets head_dim in its config; 0 = hidden_size / num_heads
-    qkv_bias: bool = True  # Qwen2 has q/k/v biases; Qwen3 has none (and q/k norms instead)
-    mrope_interleaved: bool = False  # Qwen3-VL interleaves the t/h/w rotary channels
-
-    @property
-    def head_dim(self) -> int:
-        return self.explicit_head_dim or self.hidden_size // self.num_heads
-
-    @classmethod
-    def from_pretrained(
-        cls, path: str | Path, dtype: str | torch.dtype = "auto", max_model_len: int | None = None
-    ) -> ModelConfig:
-        path = Path(path)
-        config_file = path / "config.json"
-        if not config_file.is_file():
-            raise FileNotFoundError(f"{path} is not a model folder: no config.json")
-        raw = json.loads(config_file.read_text())
-        # transformers 5 saves text fields under text_config; the hub releases keep them flat.
-        text = {**raw, **raw.get("text_config", {})}
-        family = raw.get("model_type", "")
-        if family not in ("qwen2_vl", "qwen2_5_vl", "qwen3_vl"):
-            raise ValueError(f"unsupported model_type {family!r} in {config_file}")
-        rope = text.get("rope_scaling") or text.get("rope_parameters") or {}
-        checkpoint_dtype = parse_dtype(
-            text.get("torch_dtype") or text.get("dtype") or "float32", torch.float32
-        )
-        limit = int(text.get("max_position_embeddings", 32768))
-        if max_model_len is not None and max_model_len > limit:
-            raise ValueError(
-                f"max_model_len {max_model_len} exceeds the model's max_position_embeddings {limit}"
-            )
-        return cls(
-            path=path,
-            architecture=(raw.get("architectures") or ["?"])[0],
-            family=family,
-            vocab_size=int(text["vocab_size"]),
-            hidden_size=int(text["hidden_size"]),
-            intermediate_size=int(text["intermediate_size"]),
-            num_layers=int(text["num_hidden_layers"]),
-            num_heads=int(text["num_attention_heads"]),
-            num_kv_heads=int(text.get("num_key_value_heads") or text["num_attention_heads"]),
-            rms_norm_eps=float(text.get("rms_norm_eps", 1e-6)),
-            rope_theta=float(rope.get("rope_theta", text.get("rope_theta", 1000000.0))),
-            mrope_section=tuple(rope.get("mrope_section", (16, 24, 24))),
-            tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
-            image_token_id=int(raw["image_token_id"]),
-            vision_start_token_id=int(raw["vision_start_token_id"]),
-            vision_end_token_id=int(raw["vision_end_token_id"]),
-            vision=_vision_config(family, raw["vision_config"], int(text["hidden_size"])),
-            dtype=parse_dtype(dtype, checkpoint_dtype),
-            max_model_len=max_model_len or limit,
-            eos_token_ids=eos_ids(path, text),
-            max_image_tokens=max_image_tokens(path, raw["vision_config"]),
-            video_token_id=int(raw.get("video_token_id", -1)),
-            max_video_tokens=max_video_tokens(path, family, raw["vision_config"]),
-            explicit_head_dim=int(text.get("head_dim") or 0) if family == "qwen3_vl" else 0,
-            qkv_bias=bool(text.get("attention_bias", family != "qwen3_vl")),
-            mrope_interleaved=bool(rope.get("mrope_interleaved", False)),
-        )
-
-
-def _vision_config(family: str, raw: dict, text_hidden_size: int) -> VisionConfig:
-    common = dict(
-        family=family,
-        depth=int(raw["depth"]),
-        num_heads=int(raw["num_heads"]),
-        patch_size=int(raw.get("patch_size", raw.get("spatial_patch_size", 14))),
-        spatial_merge_size=int(raw.get("spatial_merge_size", 2)),
-        temporal_patch_size=int(raw.get("temporal_patch_size", 2)),
-        in_channels=int(raw.get("in_chans", raw.get("in_channels", 3))),
-    )
-    if family == "qwen3_vl":
-        return VisionConfig(
-            dim=int(raw["hidden_size"]),
-            mlp_dim=int(raw["intermediate_size"]),
-            out_dim=int(raw.get("out_hidden_size", text_hidden_size)),
-            hidden_act=raw.get("hidden_act", "gelu_pytorch_tanh"),
-            num_position_embeddings=int(raw.get("num_position_embeddings", 2304)),
-            deepstack_visual_indexes=tuple(raw.get("deepstack_visual_indexes", (8, 16, 24))),
-            **common,
-        )
-    if family == "qwen2_vl":
-        dim = int(raw["embed_dim"])
-        return VisionConfig(
-            dim=dim,
-            mlp_dim=int(dim * raw.get("mlp_ratio", 4)),
-            out_dim=int(raw.get("hidden_size", text_hidden_size)),
-            hidden_act=raw.get("hidden_act", "quick_gelu"),
-            **common,
-        )
-    return VisionConfig(
-        dim=int(raw["hidden_size"]),
-        mlp_dim=int(raw["intermediate_size"]),
-        out_dim=int(raw.get("out_hidden_size", text_hidden_size)),
-        hidden_act=raw.get("hidden_act", "silu"),
-        window_size=int(raw.get("window_size", 112)),
-        fullatt_block_indexes=tuple(raw.get("fullatt_block_indexes", (7, 15, 23, 31))),
-        tokens_per_second=float(raw.get("tokens_per_second", 2)),
-        **common,
-    )
+__all__ = [
+    "CacheConfig",
+    "EngineArgs",
+    "EngineConfig",
+    "ExecutionConfig",
+    "ModelConfig",
+    "MultiModalConfig",
+    "ParallelConfig",
+    "SchedulerConfig",
+    "ServerConfig",
+    "VisionConfig",
+    "cpu_computes_natively",
+    "field_default",
+    "parse_dtype",
+]
 
 
 @dataclass(frozen=True)
@@ -366,6 +185,76 @@ class ExecutionConfig:
             raise ValueError(f"num_threads must be ≥ 1, got {self.num_threads}")
 
 
+EXECUTOR_BACKENDS = ("mp", "ray", "uni")
+"""mp: one worker process per rank on this machine; ray: the workers are Ray actors placed on a
+Ray cluster's nodes; uni: the one worker in the EngineCore's own process (one rank only)."""
+MM_ENCODER_TP_MODES = ("weights", "data")
+"""weights: the vision tower's layers are split across ranks like the language model's; data:
+every rank holds the whole tower and encodes its share of a step's images (vLLM's
+--mm-encoder-tp-mode)."""
+
+
+@dataclass(frozen=True)
+class ParallelConfig:
+    """How the model is split across devices: tensor parallel over `tensor_parallel_size` ranks."""
+
+    tensor_parallel_size: int = 1
+    # None = uni for one rank, mp for more (a Ray cluster is used only when asked for)
+    distributed_executor_backend: str | None = None
+    mm_encoder_tp_mode: str = "weights"
+
+    def __post_init__(self) -> None:
+        if self.tensor_parallel_size < 1:
+            raise ValueError(f"tensor_parallel_size must be ≥ 1, got {self.tensor_parallel_size}")
+        backend = self.distributed_executor_backend
+        if backend is not None and backend not in EXECUTOR_BACKENDS:
+            raise ValueError(
+                f"distributed_executor_backend must be one of {', '.join(EXECUTOR_BACKENDS)}, got {backend!r}"
+            )
+        if backend == "uni" and self.tensor_parallel_size > 1:
+            raise ValueError("distributed_executor_backend 'uni' runs one rank; use mp or ray for more")
+        if self.mm_encoder_tp_mode not in MM_ENCODER_TP_MODES:
+            raise ValueError(
+                f"mm_encoder_tp_mode must be one of {', '.join(MM_ENCODER_TP_MODES)}, "
+                f"got {self.mm_encoder_tp_mode!r}"
+            )
+
+    @property
+    def world_size(self) -> int:
+        return self.tensor_parallel_size
+
+    @property
+    def executor_backend(self) -> str:
+        return self.distributed_executor_backend or ("uni" if self.world_size == 1 else "mp")
+
+
+def check_model_fits(model: ModelConfig, parallel: ParallelConfig) -> None:
+    """Refuse, before any worker starts, a split the model's shapes do not allow: attention heads
+    and MLP widths divide evenly over the ranks, and the KV heads either divide over them or
+    (fewer KV heads than ranks) each is replicated on a whole number of ranks, as in vLLM."""
+    tp = parallel.tensor_parallel_size
+    kv = model.num_kv_heads
+    widths = {
+        "num_attention_heads": model.num_heads,
+        "intermediate_size": model.intermediate_size,
+    }
+    if parallel.mm_encoder_tp_mode == "weights":
+        vision = model.vision
+        widths |= {
+            "vision num_heads": vision.num_heads,
+            "vision MLP width": vision.mlp_dim,
+            "vision merger width": vision.dim * vision.spatial_merge_size**2,
+        }
+    for name, value in widths.items():
+        if value % tp:
+            hint = " (try --mm-encoder-tp-mode data)" if name.startswith("vision") else ""
+            raise ValueError(f"tensor_parallel_size {tp} does not divide the model's {name} {value}{hint}")
+    if (kv >= tp and kv % tp) or (kv < tp and tp % kv):
+        raise ValueError(
+            f"tensor_parallel_size {tp} must divide the model's {kv} KV heads or be a multiple of them"
+        )
+
+
 @dataclass(frozen=True)
 class EngineConfig:
     """All slices together, for the code that wires components (each still gets only its slice)."""
@@ -375,6 +264,7 @@ class EngineConfig:
     scheduler: SchedulerConfig
     multimodal: MultiModalConfig
     execution: ExecutionConfig = field(default_factory=ExecutionConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
     seed: int = 0
     device: str | None = None  # None = cuda when available, else cpu
 
@@ -450,6 +340,9 @@ class EngineArgs:
     num_threads: int | None = field_default(ExecutionConfig, "num_threads")
     enforce_eager: bool = field_default(ExecutionConfig, "enforce_eager")
     compilation_config: dict[str, Any] | None = None  # CompilationConfig's fields; None = defaults
+    tensor_parallel_size: int = field_default(ParallelConfig, "tensor_parallel_size")
+    distributed_executor_backend: str | None = field_default(ParallelConfig, "distributed_executor_backend")
+    mm_encoder_tp_mode: str = field_default(ParallelConfig, "mm_encoder_tp_mode")
     seed: int = field_default(EngineConfig, "seed")
     device: str | None = field_default(EngineConfig, "device")
 
@@ -462,6 +355,12 @@ class EngineArgs:
         on_cpu = (self.device or ("cuda" if torch.cuda.is_available() else "cpu")).startswith("cpu")
         if self.dtype == "auto" and on_cpu and not cpu_computes_natively(model.dtype):
             model = dataclasses.replace(model, dtype=torch.float32)
+        parallel = ParallelConfig(
+            tensor_parallel_size=self.tensor_parallel_size,
+            distributed_executor_backend=self.distributed_executor_backend,
+            mm_encoder_tp_mode=self.mm_encoder_tp_mode,
+        )
+        check_model_fits(model, parallel)
         return EngineConfig(
             model=model,
             cache=CacheConfig(
@@ -493,6 +392,7 @@ class EngineArgs:
                 enforce_eager=self.enforce_eager,
                 compilation=CompilationConfig.from_dict(self.compilation_config),
             ),
+            parallel=parallel,
             seed=self.seed,
             device=self.device,
         )

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import sys
 from typing import TYPE_CHECKING
 
 import msgspec
@@ -12,6 +13,7 @@ import zmq
 
 from mmserve import protocol
 from mmserve.config import EngineConfig
+from mmserve.core.sched_output import ExecutorDeadError
 
 if TYPE_CHECKING:
     from mmserve.core.engine_core import EngineCore
@@ -53,18 +55,32 @@ def run_engine_core_process(
     outbox.send_multipart([protocol.READY, str(engine_core.scheduler.kv.pool.num_blocks).encode()])
     poller = zmq.Poller()
     poller.register(inbox, zmq.POLLIN)
-    while not stop:
-        if os.getppid() != parent_pid:
-            logger.error("the API server process is gone; EngineCore exits")
-            break
-        timeout_ms = 0 if engine_core.has_work() else 200
-        if poller.poll(timeout_ms):
-            _drain_inbox(inbox, engine_core)
-        if engine_core.has_work():
-            outbox.send_multipart(protocol.encode_outputs(engine_core.step()), copy=False)
-    inbox.close(linger=0)
-    outbox.close(linger=1000)
-    ctx.term()
+    dead = False
+    try:
+        while not stop:
+            if os.getppid() != parent_pid:
+                logger.error("the API server process is gone; EngineCore exits")
+                break
+            timeout_ms = 0 if engine_core.has_work() else 200
+            if poller.poll(timeout_ms):
+                _drain_inbox(inbox, engine_core)
+            elif timeout_ms:
+                engine_core.check_health()  # idle: a dead worker would otherwise go unnoticed
+            if engine_core.has_work():
+                outbox.send_multipart(protocol.encode_outputs(engine_core.step()), copy=False)
+    except ExecutorDeadError:
+        logger.exception("a worker is gone; EngineCore exits")
+        dead = True
+    finally:
+        engine_core.shutdown()
+        inbox.close(linger=0)
+        outbox.close(linger=0 if dead else 1000)
+        ctx.term()
+    if dead:
+        # The frontend reports the engine dead when this process ends: end it now, without the
+        # interpreter's teardown (seconds on a loaded machine); everything it held is released.
+        sys.stderr.flush()
+        os._exit(1)
 
 
 def _drain_inbox(inbox: zmq.Socket, engine_core: EngineCore) -> None:

@@ -11,7 +11,7 @@ from collections.abc import Iterable
 from typing import Protocol
 
 from mmserve.core.request import Request
-from mmserve.core.sched_output import ModelRunnerOutput, SchedulerOutput
+from mmserve.core.sched_output import ExecutorDeadError, ModelRunnerOutput, SchedulerOutput
 from mmserve.core.scheduler import Scheduler
 from mmserve.protocol import EngineCoreOutput, EngineCoreOutputs, EngineRequest, MultiModalFeature
 
@@ -20,6 +20,10 @@ logger = logging.getLogger("mmserve.engine_core")
 
 class Executor(Protocol):
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput: ...
+
+    def check_health(self) -> None: ...
+
+    def shutdown(self) -> None: ...
 
 
 class EngineCore:
@@ -60,6 +64,11 @@ class EngineCore:
         scheduler_output = self.scheduler.schedule()
         try:
             runner_output = self.executor.execute_model(scheduler_output)
+        except ExecutorDeadError:
+            # no step can run any more: the engine is dead, not one step; stop what is left
+            logger.error("the executor is dead; the engine stops")
+            self.executor.shutdown()
+            raise
         except Exception as e:
             # A fault in one step must not take the engine down, nor fail requests that merely
             # shared the step with the one at fault: the scheduler undoes the step and isolates.
@@ -75,6 +84,18 @@ class EngineCore:
             outputs.outputs[:0] = self._pending
             self._pending = []
         return outputs
+
+    def check_health(self) -> None:
+        """Raise ExecutorDeadError (after stopping what is left) if the executor lost a worker."""
+        try:
+            self.executor.check_health()
+        except ExecutorDeadError:
+            self.executor.shutdown()
+            raise
+
+    def shutdown(self) -> None:
+        """Stop the executor's workers (processes, sockets); the engine runs no more steps."""
+        self.executor.shutdown()
 
     def _outputs(self, outputs: list[EngineCoreOutput]) -> EngineCoreOutputs:
         """`outputs` after the pending ones, with the scheduler's stats."""

@@ -89,3 +89,8 @@ class ModelRunnerOutput:
     @classmethod
     def empty(cls) -> ModelRunnerOutput:
         return cls([], [])
+
+
+class ExecutorDeadError(RuntimeError):
+    """The executor can run no more steps (a worker process died or failed mid-step): unlike a
+    fault in one step, nothing is retried; the engine reports itself dead."""

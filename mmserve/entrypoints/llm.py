@@ -93,6 +93,8 @@ class LLM:
         return self.engine_core.scheduler.stats()
 
     def close(self) -> None:
+        """Stop the workers (processes, with tensor parallelism) and the preprocess pool."""
+        self.engine_core.shutdown()
         self._frontend.close()
 
     def __enter__(self) -> LLM:

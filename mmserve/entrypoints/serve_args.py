@@ -16,6 +16,8 @@ from pathlib import Path
 from mmserve import envs
 from mmserve.config import (
     ATTENTION_BACKENDS,
+    EXECUTOR_BACKENDS,
+    MM_ENCODER_TP_MODES,
     SCHEDULING_POLICIES,
     CompilationConfig,
     EngineArgs,
@@ -107,6 +109,7 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     _add_scheduler_arguments(parser.add_argument_group("model and scheduling"))
     _add_cache_arguments(parser.add_argument_group("KV cache"))
     _add_multimodal_arguments(parser.add_argument_group("images"))
+    _add_parallel_arguments(parser.add_argument_group("tensor parallelism"))
 
 
 def _add_server_arguments(group: argparse._ArgumentGroup) -> None:
@@ -264,6 +267,30 @@ def _add_multimodal_arguments(group: argparse._ArgumentGroup) -> None:
         "preprocess_workers",
         "Image preprocessing processes (default min(4, cores); 0 = inline).",
         type=int,
+    )
+
+
+def _add_parallel_arguments(group: argparse._ArgumentGroup) -> None:
+    group.add_argument(
+        "-tp",
+        "--tensor-parallel-size",
+        type=int,
+        default=field_default(EngineArgs, "tensor_parallel_size"),
+        help="Ranks the model is split over, one worker process (or Ray actor) each.",
+    )
+    _engine_flag(
+        group,
+        "distributed_executor_backend",
+        "mp (worker processes on this machine; the default above one rank), ray (Ray actors "
+        "across a Ray cluster's nodes) or uni (in the engine's process; one rank only).",
+        choices=EXECUTOR_BACKENDS,
+    )
+    _engine_flag(
+        group,
+        "mm_encoder_tp_mode",
+        "weights (the vision tower split like the language model) or data (whole on every rank, "
+        "each encoding its share of a step's images). Default %(default)s.",
+        choices=MM_ENCODER_TP_MODES,
     )
 
 

@@ -1,4 +1,9 @@
-"""Build a model from a Hugging Face folder: config → module → safetensors weights, by name."""
+"""Build a model from a Hugging Face folder: config → module → safetensors weights, by name.
+
+Each rank of a tensor-parallel model reads only its shard of each tensor: the checkpoint's
+tensors are handed over as `CheckpointTensor`s over safetensors slices, read as far as the
+parameter's loader asks.
+"""
 
 from __future__ import annotations
 
@@ -14,6 +19,7 @@ from torch import nn
 from mmserve.config import ModelConfig
 from mmserve.layers.attention import AttentionBackend
 from mmserve.layers.kernel_user import use_kernels
+from mmserve.layers.weights import CheckpointTensor
 from mmserve.models.registry import model_class
 
 
@@ -29,13 +35,15 @@ def safetensors_files(folder: Path) -> list[Path]:
     return files
 
 
-def iterate_weights(folder: Path, dtype: torch.dtype) -> Iterator[tuple[str, torch.Tensor]]:
-    """Checkpoint tensors one at a time, each converted to `dtype` (one tensor's worth of extra
-    memory at a time, never a second copy of the model)."""
+def iterate_weights(folder: Path, dtype: torch.dtype) -> Iterator[tuple[str, CheckpointTensor]]:
+    """Checkpoint tensors one at a time, read lazily and converted to `dtype` (at most one
+    tensor's slice of extra memory at a time, never a second copy of the model). Each is valid
+    until the next is yielded."""
     for file in safetensors_files(folder):
         with safe_open(str(file), framework="pt") as f:
             for name in f.keys():  # noqa: SIM118 - safe_open is not a mapping
-                yield name, f.get_tensor(name).to(dtype)
+                handle = f.get_slice(name)
+                yield name, CheckpointTensor(tuple(handle.get_shape()), handle.__getitem__, dtype)
 
 
 @contextmanager
@@ -48,13 +56,16 @@ def _default_dtype(dtype: torch.dtype) -> Iterator[None]:
         torch.set_default_dtype(previous)
 
 
-def load_model(config: ModelConfig, backend: AttentionBackend, device: torch.device) -> nn.Module:
-    """Instantiate the architecture on `device` directly in `config.dtype` (parameters are born
-    in their final dtype, so loading peaks at the model's size, not twice it), fill it from the
-    folder, and give its layers the backend's kernel set."""
+def load_model(
+    config: ModelConfig, backend: AttentionBackend, device: torch.device, encoder_data_parallel: bool = False
+) -> nn.Module:
+    """Instantiate the architecture (this rank's shard of it) on `device` directly in
+    `config.dtype` (parameters are born in their final dtype, so loading peaks at the model's
+    size, not twice it), fill it from the folder, and give its layers the backend's kernel set.
+    `encoder_data_parallel`: the vision tower whole on every rank instead of split."""
     cls = model_class(config.architecture, config.family)
     with torch.device(device), _default_dtype(config.dtype):
-        model = cls(config, backend)
+        model = cls(config, backend, encoder_data_parallel)
     model.load_weights(iterate_weights(config.path, config.dtype))
     # Rotary tables stay float32 whatever the model dtype: they are computed, not loaded.
     for module in model.modules():

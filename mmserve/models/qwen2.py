@@ -2,7 +2,9 @@
 
 Tokens of every request in the step are packed into one [T, hidden] batch; attention metadata
 says which rows belong to which request. q/k/v and gate/up projections are fused into single
-matmuls; `load_weights` stacks the checkpoint's separate tensors into them.
+matmuls; `load_language_model_weight` puts the checkpoint's separate tensors into them. Under
+tensor parallelism each rank holds its share of the heads and of the MLP width (column-parallel
+q/k/v and gate/up, row-parallel o/down: two all-reduces per layer) and of the vocabulary.
 """
 
 from __future__ import annotations
@@ -13,8 +15,11 @@ from torch import nn
 from mmserve.config import ModelConfig
 from mmserve.layers.activation import SiluAndMul
 from mmserve.layers.attention import AttentionBackend, AttentionMetadata
+from mmserve.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
 from mmserve.layers.norm import RMSNorm
 from mmserve.layers.rotary import InterleavedMRotaryEmbedding, MRotaryEmbedding
+from mmserve.layers.vocab_embedding import VocabParallelEmbedding
+from mmserve.layers.weights import CheckpointTensor, load_parameter
 
 # checkpoint name fragment → (fused parameter fragment, shard index)
 STACKED_PARAMS = {
@@ -29,13 +34,15 @@ STACKED_PARAMS = {
 class Qwen2Attention(nn.Module):
     def __init__(self, config: ModelConfig, rotary: MRotaryEmbedding, backend: AttentionBackend) -> None:
         super().__init__()
-        self.num_heads = config.num_heads
-        self.num_kv_heads = config.num_kv_heads
         self.head_dim = config.head_dim
+        self.qkv_proj = QKVParallelLinear(
+            config.hidden_size, self.head_dim, config.num_heads, config.num_kv_heads, bias=config.qkv_bias
+        )
+        self.num_heads = self.qkv_proj.num_heads  # this rank's
+        self.num_kv_heads = self.qkv_proj.num_kv_heads
         self.q_size = self.num_heads * self.head_dim
         self.kv_size = self.num_kv_heads * self.head_dim
-        self.qkv_proj = nn.Linear(config.hidden_size, self.q_size + 2 * self.kv_size, bias=config.qkv_bias)
-        self.o_proj = nn.Linear(self.q_size, config.hidden_size, bias=False)
+        self.o_proj = RowParallelLinear(config.num_heads * self.head_dim, config.hidden_size, bias=False)
         self.rotary = rotary
         self.backend = backend
         self.scale = self.head_dim**-0.5
@@ -64,8 +71,8 @@ class Qwen2Attention(nn.Module):
 class Qwen2MLP(nn.Module):
     def __init__(self, hidden_size: int, intermediate_size: int) -> None:
         super().__init__()
-        self.gate_up_proj = nn.Linear(hidden_size, 2 * intermediate_size, bias=False)
-        self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=False)
+        self.gate_up_proj = MergedColumnParallelLinear(hidden_size, [intermediate_size] * 2, bias=False)
+        self.down_proj = RowParallelLinear(intermediate_size, hidden_size, bias=False)
         self.act = SiluAndMul()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -108,7 +115,7 @@ class Qwen2Model(nn.Module):
 
     def __init__(self, config: ModelConfig, backend: AttentionBackend) -> None:
         super().__init__()
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size)
         # One rotary table shared by every layer (a submodule of this model, not of the layers).
         rotary_class = InterleavedMRotaryEmbedding if config.mrope_interleaved else MRotaryEmbedding
         self.rotary = rotary_class(
@@ -133,22 +140,16 @@ class Qwen2Model(nn.Module):
         return x
 
 
-def load_language_model_weight(
-    params: dict[str, nn.Parameter], config: ModelConfig, name: str, weight: torch.Tensor
-) -> str:
-    """Copy one `model.*` / `lm_head.*` checkpoint tensor into its parameter; returns the name filled.
-
-    Separate q/k/v and gate/up tensors land in their slice of the fused parameter.
-    """
-    q_size = config.num_heads * config.head_dim
-    kv_size = config.num_kv_heads * config.head_dim
-    inter = config.intermediate_size
-    for fragment, (fused, shard) in STACKED_PARAMS.items():
+def load_language_model_weight(params: dict[str, nn.Parameter], name: str, weight: CheckpointTensor) -> str:
+    """Fill one `model.*` / `lm_head.*` checkpoint tensor into its parameter (this rank's shard
+    of it); returns the name filled. Separate q/k/v and gate/up tensors land in their part of the
+    fused parameter."""
+    target, shard = name, None
+    for fragment, (fused, index) in STACKED_PARAMS.items():
         if fragment in name:
-            target = name.replace(fragment, fused)
-            sizes = [q_size, kv_size, kv_size] if fused == ".qkv_proj." else [inter, inter]
-            offset = sum(sizes[:shard])
-            params[target].data[offset : offset + sizes[shard]].copy_(weight)
-            return f"{target}#{shard}"
-    params[name].data.copy_(weight)
-    return name
+            target, shard = name.replace(fragment, fused), index
+            break
+    if target not in params:
+        raise ValueError(f"unexpected tensor {name!r} in checkpoint")
+    load_parameter(params[target], weight, shard)
+    return target

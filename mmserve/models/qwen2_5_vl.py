@@ -15,7 +15,9 @@ import torch
 from torch import nn
 
 from mmserve.config import VisionConfig
+from mmserve.distributed.parallel_state import TensorParallelGroup
 from mmserve.layers.activation import get_activation
+from mmserve.layers.linear import ColumnParallelLinear, RowParallelLinear
 from mmserve.layers.norm import RMSNorm
 from mmserve.layers.rotary import VisionRotaryEmbedding, vision_patch_positions
 from mmserve.models.qwen2_vl import (
@@ -29,11 +31,11 @@ from mmserve.models.qwen2_vl import (
 
 
 class GatedVisionMLP(nn.Module):
-    def __init__(self, dim: int, hidden: int, act: str) -> None:
+    def __init__(self, dim: int, hidden: int, act: str, group: TensorParallelGroup | None = None) -> None:
         super().__init__()
-        self.gate_proj = nn.Linear(dim, hidden, bias=True)
-        self.up_proj = nn.Linear(dim, hidden, bias=True)
-        self.down_proj = nn.Linear(hidden, dim, bias=True)
+        self.gate_proj = ColumnParallelLinear(dim, hidden, group=group)
+        self.up_proj = ColumnParallelLinear(dim, hidden, group=group)
+        self.down_proj = RowParallelLinear(hidden, dim, group=group)
         self.act = get_activation(act)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -41,12 +43,12 @@ class GatedVisionMLP(nn.Module):
 
 
 class Qwen2_5VisionBlock(nn.Module):
-    def __init__(self, vision: VisionConfig) -> None:
+    def __init__(self, vision: VisionConfig, group: TensorParallelGroup | None = None) -> None:
         super().__init__()
         self.norm1 = RMSNorm(vision.dim, eps=1e-6)
         self.norm2 = RMSNorm(vision.dim, eps=1e-6)
-        self.attn = VisionAttention(vision.dim, vision.num_heads)
-        self.mlp = GatedVisionMLP(vision.dim, vision.mlp_dim, vision.hidden_act)
+        self.attn = VisionAttention(vision.dim, vision.num_heads, group)
+        self.mlp = GatedVisionMLP(vision.dim, vision.mlp_dim, vision.hidden_act, group)
 
     def forward(self, x, cos, sin, cu_seqlens: list[int]) -> torch.Tensor:
         x = x + self.attn(self.norm1(x), cos, sin, cu_seqlens)
@@ -79,13 +81,14 @@ def window_partition(
 
 
 class Qwen2_5VisionTransformer(nn.Module):
-    def __init__(self, vision: VisionConfig) -> None:
+    def __init__(self, vision: VisionConfig, group: TensorParallelGroup | None = None) -> None:
         super().__init__()
         self.config = vision
+        self.output_width = vision.out_dim  # of each merged token
         self.patch_embed = PatchEmbed(vision)
         self.rotary = VisionRotaryEmbedding(vision.head_dim, vision.rope_theta)
-        self.blocks = nn.ModuleList(Qwen2_5VisionBlock(vision) for _ in range(vision.depth))
-        self.merger = PatchMerger(vision, RMSNorm(vision.dim, eps=1e-6))
+        self.blocks = nn.ModuleList(Qwen2_5VisionBlock(vision, group) for _ in range(vision.depth))
+        self.merger = PatchMerger(vision, RMSNorm(vision.dim, eps=1e-6), group)
         self.window_tokens = vision.window_size // vision.spatial_merge_size // vision.patch_size
 
     def forward(self, pixel_values: torch.Tensor, grid_thw: Sequence[Grid]) -> torch.Tensor:

@@ -3,6 +3,10 @@
 The vision tower turns an image's patches ([num_patches, C·T·P·P], in the processor's
 merge-block order) into one embedding per merged 2×2 block; those embeddings replace the
 image's placeholder tokens in the language model's input.
+
+Under tensor parallelism the tower is split like the language model (heads and MLP widths over
+the ranks) or, with `encoder_data_parallel`, replicated on every rank, each rank encoding its
+share of a step's images (`vision_data_parallel`).
 """
 
 from __future__ import annotations
@@ -14,11 +18,16 @@ import torch.nn.functional as F
 from torch import nn
 
 from mmserve.config import ModelConfig, VisionConfig
+from mmserve.distributed.parallel_state import SINGLE_RANK, TensorParallelGroup, get_tp_group
 from mmserve.layers.activation import get_activation
 from mmserve.layers.attention import AttentionBackend, AttentionMetadata
 from mmserve.layers.kernel_user import UsesKernels
+from mmserve.layers.linear import ColumnParallelLinear, QKVParallelLinear, RowParallelLinear
 from mmserve.layers.rotary import VisionRotaryEmbedding, apply_vision_rotary, vision_patch_positions
+from mmserve.layers.vocab_embedding import ParallelLMHead
+from mmserve.layers.weights import CheckpointTensor, load_parameter
 from mmserve.models.qwen2 import Qwen2Model, load_language_model_weight
+from mmserve.models.vision_data_parallel import encode_data_parallel
 
 Grid = tuple[int, int, int]
 
@@ -38,12 +47,15 @@ class PatchEmbed(nn.Module):
 
 
 class VisionAttention(UsesKernels, nn.Module):
-    def __init__(self, dim: int, num_heads: int) -> None:
+    """The checkpoint's qkv is one fused tensor ([q; k; v], each all heads); a rank holds its
+    heads' rows of each part."""
+
+    def __init__(self, dim: int, num_heads: int, group: TensorParallelGroup | None = None) -> None:
         super().__init__()
-        self.num_heads = num_heads
         self.head_dim = dim // num_heads
-        self.qkv = nn.Linear(dim, 3 * dim, bias=True)
-        self.proj = nn.Linear(dim, dim, bias=True)
+        self.qkv = QKVParallelLinear(dim, self.head_dim, num_heads, num_heads, bias=True, group=group)
+        self.num_heads = self.qkv.num_heads  # this rank's
+        self.proj = RowParallelLinear(dim, dim, bias=True, group=group)
 
     def forward(
         self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cu_seqlens: list[int]
@@ -56,10 +68,10 @@ class VisionAttention(UsesKernels, nn.Module):
 
 
 class VisionMLP(nn.Module):
-    def __init__(self, dim: int, hidden: int, act: str) -> None:
+    def __init__(self, dim: int, hidden: int, act: str, group: TensorParallelGroup | None = None) -> None:
         super().__init__()
-        self.fc1 = nn.Linear(dim, hidden)
-        self.fc2 = nn.Linear(hidden, dim)
+        self.fc1 = ColumnParallelLinear(dim, hidden, group=group)
+        self.fc2 = RowParallelLinear(hidden, dim, group=group)
         self.act = get_activation(act)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -69,12 +81,12 @@ class VisionMLP(nn.Module):
 class VisionBlock(nn.Module):
     mlp_class: type[nn.Module] = VisionMLP
 
-    def __init__(self, vision: VisionConfig) -> None:
+    def __init__(self, vision: VisionConfig, group: TensorParallelGroup | None = None) -> None:
         super().__init__()
         self.norm1 = nn.LayerNorm(vision.dim, eps=1e-6)
         self.norm2 = nn.LayerNorm(vision.dim, eps=1e-6)
-        self.attn = VisionAttention(vision.dim, vision.num_heads)
-        self.mlp = self.mlp_class(vision.dim, vision.mlp_dim, vision.hidden_act)
+        self.attn = VisionAttention(vision.dim, vision.num_heads, group)
+        self.mlp = self.mlp_class(vision.dim, vision.mlp_dim, vision.hidden_act, group)
 
     def forward(self, x, cos, sin, cu_seqlens: list[int]) -> torch.Tensor:
         x = x + self.attn(self.norm1(x), cos, sin, cu_seqlens)
@@ -84,12 +96,16 @@ class VisionBlock(nn.Module):
 class PatchMerger(nn.Module):
     """Concatenates each merge block's patches and projects them to the language model width."""
 
-    def __init__(self, vision: VisionConfig, norm: nn.Module) -> None:
+    def __init__(
+        self, vision: VisionConfig, norm: nn.Module, group: TensorParallelGroup | None = None
+    ) -> None:
         super().__init__()
         self.merged_dim = vision.dim * vision.spatial_merge_size**2
         self.ln_q = norm
         self.mlp = nn.Sequential(
-            nn.Linear(self.merged_dim, self.merged_dim), nn.GELU(), nn.Linear(self.merged_dim, vision.out_dim)
+            ColumnParallelLinear(self.merged_dim, self.merged_dim, group=group),
+            nn.GELU(),
+            RowParallelLinear(self.merged_dim, vision.out_dim, group=group),
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -106,13 +122,14 @@ def image_cu_seqlens(grid_thw: Sequence[Grid]) -> list[int]:
 
 
 class Qwen2VisionTransformer(nn.Module):
-    def __init__(self, vision: VisionConfig) -> None:
+    def __init__(self, vision: VisionConfig, group: TensorParallelGroup | None = None) -> None:
         super().__init__()
         self.config = vision
+        self.output_width = vision.out_dim  # of each merged token
         self.patch_embed = PatchEmbed(vision)
         self.rotary = VisionRotaryEmbedding(vision.head_dim, vision.rope_theta)
-        self.blocks = nn.ModuleList(VisionBlock(vision) for _ in range(vision.depth))
-        self.merger = PatchMerger(vision, nn.LayerNorm(vision.dim, eps=1e-6))
+        self.blocks = nn.ModuleList(VisionBlock(vision, group) for _ in range(vision.depth))
+        self.merger = PatchMerger(vision, nn.LayerNorm(vision.dim, eps=1e-6), group)
 
     def forward(self, pixel_values: torch.Tensor, grid_thw: Sequence[Grid]) -> torch.Tensor:
         """pixel_values: [num_patches, C·T·P·P] → [num_patches / merge², out_dim]."""
@@ -138,21 +155,33 @@ class Qwen2VLForConditionalGeneration(nn.Module):
     """Vision tower + Qwen2 language model + LM head; the model runner's one model interface."""
 
     vision_tower_class: type[nn.Module] = Qwen2VisionTransformer
+    language_model_class: type[Qwen2Model] = Qwen2Model
 
-    def __init__(self, config: ModelConfig, backend: AttentionBackend) -> None:
+    def __init__(
+        self, config: ModelConfig, backend: AttentionBackend, encoder_data_parallel: bool = False
+    ) -> None:
         super().__init__()
         self.config = config
-        self.visual = self.vision_tower_class(config.vision)
-        self.model = Qwen2Model(config, backend)
-        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.tp_group = get_tp_group()
+        # data parallel: every rank holds the whole tower, built on the group of one
+        self.encoder_data_parallel = encoder_data_parallel and self.tp_group.world_size > 1
+        self.visual = self.vision_tower_class(
+            config.vision, SINGLE_RANK if self.encoder_data_parallel else self.tp_group
+        )
+        self.model = self.language_model_class(config, backend)
+        self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size)
         if config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
 
     def encode_images(self, pixel_values: torch.Tensor, grid_thw: Sequence[Grid]) -> list[torch.Tensor]:
         """Run the vision tower once over several images or videos → one [num_tokens_i, width]
-        tensor each (width = hidden, or more where the model caches extra features per token)."""
-        merged = self.visual(pixel_values, grid_thw)
+        tensor each (width = hidden, or more where the model caches extra features per token).
+        Every rank gets every item's embeddings."""
         unit = self.config.vision.spatial_merge_size**2
+        if self.encoder_data_parallel:
+            merged = encode_data_parallel(self.visual, pixel_values, grid_thw, unit, self.tp_group)
+        else:
+            merged = self.visual(pixel_values, grid_thw)
         return list(merged.split([t * h * w // unit for t, h, w in grid_thw]))
 
     def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
@@ -175,11 +204,12 @@ class Qwen2VLForConditionalGeneration(nn.Module):
         return self.model(inputs_embeds, positions, kv_caches, metadata)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """hidden: [R, hidden] → float32 logits [R, vocab_size]."""
-        return self.lm_head(hidden).float()
+        """hidden: [R, hidden] → float32 logits [R, vocab_size], the same on every rank."""
+        return self.lm_head.compute_logits(hidden)
 
-    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """Fill every parameter from checkpoint tensors; raises if one is missing or unexpected."""
+    def load_weights(self, weights: Iterable[tuple[str, CheckpointTensor]]) -> None:
+        """Fill every parameter (this rank's shard of it) from the checkpoint's tensors; raises if
+        one is missing or unexpected."""
         params = dict(self.named_parameters())
         expected = {n for n in params if not (self.config.tie_word_embeddings and n == "lm_head.weight")}
         filled: set[str] = set()
@@ -188,13 +218,12 @@ class Qwen2VLForConditionalGeneration(nn.Module):
             if name == "lm_head.weight" and self.config.tie_word_embeddings:
                 continue
             if name.startswith("model."):
-                filled.add(load_language_model_weight(params, self.config, name, weight).split("#")[0])
+                filled.add(load_language_model_weight(params, name, weight))
             elif name in params:
-                if params[name].shape != weight.shape:
-                    raise ValueError(
-                        f"{raw_name}: shape {tuple(weight.shape)} != {tuple(params[name].shape)}"
-                    )
-                params[name].data.copy_(weight)
+                try:
+                    load_parameter(params[name], weight)
+                except ValueError as e:
+                    raise ValueError(f"{raw_name}: {e}") from None
                 filled.add(name)
             else:
                 raise ValueError(f"unexpected tensor {raw_name!r} in checkpoint")

@@ -20,8 +20,10 @@ import torch
 from torch import nn
 
 from mmserve.config import ModelConfig, VisionConfig
+from mmserve.distributed.parallel_state import TensorParallelGroup
 from mmserve.layers.activation import get_activation
 from mmserve.layers.attention import AttentionBackend, AttentionMetadata
+from mmserve.layers.linear import ColumnParallelLinear, RowParallelLinear
 from mmserve.layers.rotary import VisionRotaryEmbedding, vision_patch_positions
 from mmserve.models.qwen2_vl import Grid, Qwen2VLForConditionalGeneration, VisionBlock, image_cu_seqlens
 from mmserve.models.qwen3 import Qwen3Model
@@ -43,10 +45,10 @@ class Qwen3PatchEmbed(nn.Module):
 
 
 class Qwen3VisionMLP(nn.Module):
-    def __init__(self, dim: int, hidden: int, act: str) -> None:
+    def __init__(self, dim: int, hidden: int, act: str, group: TensorParallelGroup | None = None) -> None:
         super().__init__()
-        self.linear_fc1 = nn.Linear(dim, hidden)
-        self.linear_fc2 = nn.Linear(hidden, dim)
+        self.linear_fc1 = ColumnParallelLinear(dim, hidden, group=group)
+        self.linear_fc2 = RowParallelLinear(hidden, dim, group=group)
         self.act = get_activation(act)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -64,14 +66,16 @@ class Qwen3PatchMerger(nn.Module):
     The main merger normalises each patch first; the DeepStack mergers normalise the
     concatenation (`after_shuffle`)."""
 
-    def __init__(self, vision: VisionConfig, after_shuffle: bool) -> None:
+    def __init__(
+        self, vision: VisionConfig, after_shuffle: bool, group: TensorParallelGroup | None = None
+    ) -> None:
         super().__init__()
         self.merged_dim = vision.dim * vision.spatial_merge_size**2
         self.after_shuffle = after_shuffle
         self.norm = nn.LayerNorm(self.merged_dim if after_shuffle else vision.dim, eps=1e-6)
-        self.linear_fc1 = nn.Linear(self.merged_dim, self.merged_dim)
+        self.linear_fc1 = ColumnParallelLinear(self.merged_dim, self.merged_dim, group=group)
         self.act = nn.GELU()
-        self.linear_fc2 = nn.Linear(self.merged_dim, vision.out_dim)
+        self.linear_fc2 = RowParallelLinear(self.merged_dim, vision.out_dim, group=group)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x: [num_patches, dim] → [num_patches / merge², out_dim]."""
@@ -103,17 +107,19 @@ def position_interpolation(
 
 
 class Qwen3VisionTransformer(nn.Module):
-    def __init__(self, vision: VisionConfig) -> None:
+    def __init__(self, vision: VisionConfig, group: TensorParallelGroup | None = None) -> None:
         super().__init__()
         self.config = vision
+        # each merged token: the main embedding, then one per DeepStack tap
+        self.output_width = vision.out_dim * (1 + len(vision.deepstack_visual_indexes))
         self.patch_embed = Qwen3PatchEmbed(vision)
         self.pos_embed = nn.Embedding(vision.num_position_embeddings, vision.dim)
         self.side = int(vision.num_position_embeddings**0.5)
         self.rotary = VisionRotaryEmbedding(vision.head_dim, vision.rope_theta)
-        self.blocks = nn.ModuleList(Qwen3VisionBlock(vision) for _ in range(vision.depth))
-        self.merger = Qwen3PatchMerger(vision, after_shuffle=False)
+        self.blocks = nn.ModuleList(Qwen3VisionBlock(vision, group) for _ in range(vision.depth))
+        self.merger = Qwen3PatchMerger(vision, after_shuffle=False, group=group)
         self.deepstack_merger_list = nn.ModuleList(
-            Qwen3PatchMerger(vision, after_shuffle=True) for _ in vision.deepstack_visual_indexes
+            Qwen3PatchMerger(vision, after_shuffle=True, group=group) for _ in vision.deepstack_visual_indexes
         )
 
     def forward(self, pixel_values: torch.Tensor, grid_thw: Sequence[Grid]) -> torch.Tensor:
@@ -139,14 +145,13 @@ class Qwen3VisionTransformer(nn.Module):
 class Qwen3VLForConditionalGeneration(Qwen2VLForConditionalGeneration):
     """Vision tower + Qwen3 language model + LM head, behind the Qwen2-VL model interface."""
 
-    def __init__(self, config: ModelConfig, backend: AttentionBackend) -> None:
-        nn.Module.__init__(self)  # the parts differ from Qwen2-VL's; the interface does not
-        self.config = config
-        self.visual = Qwen3VisionTransformer(config.vision)
-        self.model = Qwen3Model(config, backend)
-        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
-        if config.tie_word_embeddings:
-            self.lm_head.weight = self.model.embed_tokens.weight
+    vision_tower_class = Qwen3VisionTransformer
+    language_model_class = Qwen3Model
+
+    def __init__(
+        self, config: ModelConfig, backend: AttentionBackend, encoder_data_parallel: bool = False
+    ) -> None:
+        super().__init__(config, backend, encoder_data_parallel)
         # (visual rows, DeepStack features) of the step being run: set by
         # merge_multimodal_embeddings, taken by the forward that follows it
         self._deepstack: tuple[torch.Tensor, torch.Tensor] | None = None

@@ -68,6 +68,22 @@ PRESETS: dict[str, Preset] = {
         fullatt_block_indexes=(1, 3),
         max_pixels=256 * 28 * 28,
     ),
+    # Shapes that split over 3 ranks (tensor-parallel tests): 6 query heads, one KV head (each
+    # rank replicates it), widths divisible by 3; the vocabulary is not (its padding is tested).
+    "tp3": Preset(
+        hidden_size=192,
+        intermediate_size=384,
+        num_layers=2,
+        num_heads=6,
+        num_kv_heads=1,
+        mrope_section=(4, 6, 6),
+        vision_dim=96,
+        vision_depth=2,
+        vision_heads=6,
+        vision_intermediate=192,
+        fullatt_block_indexes=(1,),
+        max_pixels=256 * 28 * 28,
+    ),
     # About 170M parameters, for benchmarks.
     "mid": Preset(
         hidden_size=768,

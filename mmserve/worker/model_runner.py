@@ -20,6 +20,8 @@ from mmserve.core.sched_output import (
     NewRequestData,
     SchedulerOutput,
 )
+from mmserve.distributed.parallel_state import get_tp_group
+from mmserve.distributed.partition import kv_heads_per_rank
 from mmserve.layers.attention import get_attention_backend
 from mmserve.layers.sampler import LogprobsTensors, Sampler, SamplingMetadata
 from mmserve.models.loader import load_model
@@ -42,15 +44,20 @@ class ModelRunner:
         scheduler_config: SchedulerConfig,
         device: torch.device,
         execution_config: ExecutionConfig | None = None,
+        encoder_data_parallel: bool = False,
     ) -> None:
+        """Builds this rank's shard of the model (the process's tensor-parallel group, joined
+        before); `encoder_data_parallel`: the whole vision tower on every rank."""
         execution_config = execution_config or ExecutionConfig()
         self.model_config = model_config
         self.block_size = cache_config.block_size
         self.device = device
+        # this rank's KV heads: its share, or the one KV head it replicates
+        self.num_kv_heads = kv_heads_per_rank(model_config.num_kv_heads, get_tp_group().world_size)
         self.attention_backend = get_attention_backend(
             execution_config.attention_backend, device, model_config.dtype, self.block_size
         )
-        self.model = load_model(model_config, self.attention_backend, device)
+        self.model = load_model(model_config, self.attention_backend, device, encoder_data_parallel)
         if not execution_config.enforce_eager and execution_config.compilation.compiles(device):
             compile_language_model(self.model, execution_config.compilation)
         self.graph_sizes = graph_sizes(
@@ -76,12 +83,13 @@ class ModelRunner:
     def kv_cache_bytes_per_block(self) -> int:
         c = self.model_config
         element = torch.empty((), dtype=c.dtype).element_size()
-        return 2 * c.num_layers * self.block_size * c.num_kv_heads * c.head_dim * element
+        return 2 * c.num_layers * self.block_size * self.num_kv_heads * c.head_dim * element
 
     def initialize_kv_cache(self, num_blocks: int) -> None:
-        """Per layer one [2, num_blocks, block_size, num_kv_heads, head_dim] tensor (keys, values)."""
+        """Per layer one [2, num_blocks, block_size, num_kv_heads, head_dim] tensor (keys, values),
+        this rank's KV heads only."""
         c = self.model_config
-        shape = (2, num_blocks, self.block_size, c.num_kv_heads, c.head_dim)
+        shape = (2, num_blocks, self.block_size, self.num_kv_heads, c.head_dim)
         self.kv_caches = [torch.zeros(shape, dtype=c.dtype, device=self.device) for _ in range(c.num_layers)]
         if self.graph_sizes:
             self.decode_graphs = capture_decode_graphs(

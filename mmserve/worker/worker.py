@@ -1,4 +1,9 @@
-"""One worker per device: picks the device, sizes the KV cache, and hosts the model runner."""
+"""One worker per device (one per tensor-parallel rank): joins its rank's group, picks the
+device, sizes the KV cache, and hosts the model runner.
+
+The executor drives it in two steps as vLLM's does: `determine_num_blocks` (what fits this
+rank), then `initialize_kv_cache` with the count every rank can hold (the smallest), so the
+scheduler's block ids mean the same slots on every rank."""
 
 from __future__ import annotations
 
@@ -9,8 +14,9 @@ from pathlib import Path
 import torch
 
 from mmserve import envs
-from mmserve.config import CacheConfig, ExecutionConfig, ModelConfig, SchedulerConfig
+from mmserve.config import CacheConfig, ExecutionConfig, ModelConfig, ParallelConfig, SchedulerConfig
 from mmserve.core.sched_output import ModelRunnerOutput, SchedulerOutput
+from mmserve.distributed.parallel_state import DistributedInit, get_tp_group, init_tensor_parallel
 from mmserve.worker.model_runner import ModelRunner
 
 logger = logging.getLogger("mmserve.worker")
@@ -24,8 +30,8 @@ def default_cpu_threads() -> int:
     return max(1, len(os.sched_getaffinity(0)))
 
 
-def default_device() -> torch.device:
-    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+def default_device(rank: int = 0) -> torch.device:
+    return torch.device(f"cuda:{rank}" if torch.cuda.is_available() else "cpu")
 
 
 class Worker:
@@ -37,35 +43,69 @@ class Worker:
         device: torch.device | None = None,
         seed: int = 0,
         execution_config: ExecutionConfig | None = None,
+        parallel_config: ParallelConfig | None = None,
+        distributed_init: DistributedInit | None = None,
     ) -> None:
+        """`distributed_init`: this rank's place in a tensor-parallel group (None: one rank)."""
         execution_config = execution_config or ExecutionConfig()
-        self.device = device or default_device()
+        parallel_config = parallel_config or ParallelConfig()
+        if distributed_init is not None:
+            init_tensor_parallel(distributed_init)
+        self.rank = get_tp_group().rank
+        self.world_size = get_tp_group().world_size
+        self.device = device or default_device(self.rank)
         if self.device.type == "cpu":
-            torch.set_num_threads(execution_config.num_threads or envs.num_threads() or default_cpu_threads())
-        torch.manual_seed(seed)
+            # the ranks of one machine share its cores
+            cores = max(1, default_cpu_threads() // self.world_size)
+            torch.set_num_threads(execution_config.num_threads or envs.num_threads() or cores)
+        torch.manual_seed(seed)  # the same on every rank: random sampling draws alike
         self.cache_config = cache_config
         self.max_blocks_useful = scheduler_config.max_num_seqs * -(
             -model_config.max_model_len // cache_config.block_size
         )
-        self.runner = ModelRunner(model_config, cache_config, scheduler_config, self.device, execution_config)
-        self.num_blocks = self._num_blocks()
-        self.runner.initialize_kv_cache(self.num_blocks)
+        self.runner = ModelRunner(
+            model_config,
+            cache_config,
+            scheduler_config,
+            self.device,
+            execution_config,
+            encoder_data_parallel=parallel_config.mm_encoder_tp_mode == "data",
+        )
 
-    def _num_blocks(self) -> int:
-        """Blocks that fit the configured KV memory, the explicit block count, or (auto) the
-        free memory (see CacheConfig)."""
+    def determine_num_blocks(self) -> int:
+        """Blocks that fit the configured KV memory, the explicit block count, or (auto) this
+        rank's share of the free memory (see CacheConfig)."""
         if self.cache_config.num_blocks is not None:
             return self.cache_config.num_blocks
         per_block = self.runner.kv_cache_bytes_per_block()
         memory = self.cache_config.kv_cache_memory_bytes
         if memory is None:
             memory = kv_cache_budget_bytes(self.device, self.cache_config.memory_utilization)
+            if self.device.type == "cpu":
+                memory //= self.world_size  # the ranks of one machine share its memory
             num = min(memory // per_block, self.max_blocks_useful)
         else:
             num = memory // per_block
         if num < 1:
             raise ValueError(f"a KV cache of {memory} bytes holds no block ({per_block} bytes each)")
         return int(num)
+
+    def initialize_kv_cache(self, num_blocks: int) -> None:
+        self.runner.initialize_kv_cache(num_blocks)
+
+    def shard_info(self) -> dict:
+        """What this rank holds and has sent: its KV heads and cache bytes, its parameter bytes,
+        and its collectives' cumulative calls and bytes per operation (the benchmarks and tests
+        read these through `collective_rpc`)."""
+        group = get_tp_group()
+        return {
+            "rank": self.rank,
+            "num_kv_heads": self.runner.num_kv_heads,
+            "kv_cache_bytes": sum(t.numel() * t.element_size() for t in self.runner.kv_caches),
+            "parameter_bytes": sum(p.numel() * p.element_size() for p in self.runner.model.parameters()),
+            "collective_calls": dict(group.stats.calls),
+            "collective_bytes": dict(group.stats.bytes),
+        }
 
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
         return self.runner.execute_model(scheduler_output)

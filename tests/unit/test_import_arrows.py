@@ -15,6 +15,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 LEAVES = {
     "mmserve.config",
+    "mmserve.model_config",
     "mmserve.model_folder",
     "mmserve.envs",
     "mmserve.protocol",
@@ -31,12 +32,17 @@ ALLOWED: dict[str, set[str]] = {
     # its manager to the scheduler, which sees only core.grammar's interface.
     "mmserve.structured_output": LEAVES,
     "mmserve.ops": LEAVES,
-    "mmserve.layers": LEAVES | {"mmserve.ops"},
-    "mmserve.models": LEAVES | {"mmserve.layers", "mmserve.ops"},
+    # process groups and collectives (torch.distributed), the executor's broadcast channel
+    "mmserve.distributed": LEAVES,
+    "mmserve.layers": LEAVES | {"mmserve.ops", "mmserve.distributed"},
+    "mmserve.models": LEAVES | {"mmserve.layers", "mmserve.ops", "mmserve.distributed"},
     "mmserve.worker": LEAVES
-    | {"mmserve.core.sched_output", "mmserve.models", "mmserve.layers", "mmserve.ops"},
-    "mmserve.engine": LEAVES | {"mmserve.core", "mmserve.worker", "mmserve.structured_output"},
-    "mmserve.engine_process": LEAVES | {"mmserve.engine", "mmserve.core.engine_core"},
+    | {"mmserve.core.sched_output", "mmserve.models", "mmserve.layers", "mmserve.ops", "mmserve.distributed"},
+    # executors own the workers (in this process, worker processes or Ray actors)
+    "mmserve.executor": LEAVES | {"mmserve.core.sched_output", "mmserve.worker", "mmserve.distributed"},
+    "mmserve.engine": LEAVES | {"mmserve.core", "mmserve.executor", "mmserve.structured_output"},
+    "mmserve.engine_process": LEAVES
+    | {"mmserve.engine", "mmserve.core.engine_core", "mmserve.core.sched_output"},
     "mmserve.metrics": LEAVES,
     "mmserve.frontend": LEAVES
     | {"preprocess", "mmserve.engine_process", "mmserve.core.engine_core", "mmserve.structured_output"},
