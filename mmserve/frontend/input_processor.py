@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import operator
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -133,12 +134,15 @@ class InputProcessor:
         loader: MediaLoader,
         max_model_len: int,
         image_limit: int,
+        special_tokens_in_content: bool = False,
     ) -> None:
         self.tokenizer = tokenizer
         self.pool = pool
         self.loader = loader
         self.max_model_len = max_model_len
         self.image_limit = image_limit
+        # False: special-token text in messages is plain text (see special_text.py).
+        self.special_tokens_in_content = special_tokens_in_content
         # The longest token's text (byte-level BPE shows one character per byte): a bound on how
         # many characters one token can cover.
         self.max_token_chars = max(1, max(len(tokenizer.id_to_token(i)) for i in range(tokenizer.vocab_size)))
@@ -147,29 +151,41 @@ class InputProcessor:
     # reach the pool.
 
     def chat(self, messages: list[dict], **template_kwargs) -> ProcessedPrompt:
-        template_messages, images = parse_messages(messages, self.loader, self.image_limit)
-        text = self._render(template_messages, images, template_kwargs)
-        token_ids = self._encode(text)
+        text, token_ids, images = self._chat_tokens(messages, template_kwargs)
         return self._build(text, token_ids, [self.pool.process(im) for im in images])
 
     async def chat_async(self, messages: list[dict], **template_kwargs) -> ProcessedPrompt:
-        template_messages, images = await asyncio.to_thread(
-            parse_messages, messages, self.loader, self.image_limit
-        )
+        """`chat` without blocking the loop: validating, loading images, rendering and
+        tokenising run in a thread (their cost grows with the request), then the images are
+        awaited from the pool and the prompt is assembled in a thread too."""
+        text, token_ids, images = await asyncio.to_thread(self._chat_tokens, messages, template_kwargs)
+        processed = await self._process_all_async(images)  # (over the context: refused before this)
+        return await asyncio.to_thread(self._build, text, token_ids, processed)
+
+    def _chat_tokens(self, messages: list[dict], template_kwargs: dict) -> tuple[str, list[int], list]:
+        """(prompt text, token ids with one pad per image, image inputs) of a conversation."""
+        template_messages, images = parse_messages(messages, self.loader, self.image_limit)
+        hidden = None
+        if not self.special_tokens_in_content:
+            shielded, hidden = self.tokenizer.shield.hide([template_messages, template_kwargs])
+            template_messages, template_kwargs = shielded
         text = self._render(template_messages, images, template_kwargs)
-        token_ids = self._encode(text)  # (over the context: refused before any image is processed)
-        processed = await self._process_all_async(images)
-        return self._build(text, token_ids, processed)
+        if hidden is None:
+            return text, self._encode(text), images
+        shield = self.tokenizer.shield
+        revealed = shield.reveal(text, hidden)
+        return revealed, self._encode(revealed, lambda: shield.encode(text, hidden)), images
 
     def prompt(self, prompt: str | dict) -> ProcessedPrompt:
         text, token_ids, images = self._parse_prompt(prompt)
         return self._build(text, token_ids, [self.pool.process(as_pool_input(im)) for im in images])
 
     async def prompt_async(self, prompt: str | dict) -> ProcessedPrompt:
-        text, token_ids, images = self._parse_prompt(prompt)
+        """`prompt` without blocking the loop (tokenising and assembling run in a thread)."""
+        text, token_ids, images = await asyncio.to_thread(self._parse_prompt, prompt)
         self._check_length(len(token_ids))
         processed = await self._process_all_async([as_pool_input(im) for im in images])
-        return self._build(text, token_ids, processed)
+        return await asyncio.to_thread(self._build, text, token_ids, processed)
 
     async def _process_all_async(self, images: list[ImageInput]) -> list[ProcessedImage]:
         results = await asyncio.gather(
@@ -268,13 +284,13 @@ class InputProcessor:
         self._check_length(len(expanded))
         return ProcessedPrompt(text, expanded, features)
 
-    def _encode(self, text: str) -> list[int]:
-        """Token ids of `text`, refusing at once a text too long to fit the context whatever its
-        tokens: tokenising holds the GIL, and megabytes take seconds during which the event loop
-        serves no one (every token covers at most `max_token_chars` characters)."""
+    def _encode(self, text: str, tokenize: Callable[[], list[int]] | None = None) -> list[int]:
+        """Token ids of `text` (by `tokenize` if given), refusing at once a text too long to
+        fit the context whatever its tokens: megabytes take seconds to tokenise (every token
+        covers at most `max_token_chars` characters)."""
         if len(text) > self.max_model_len * self.max_token_chars:
             self._check_length(len(text) // self.max_token_chars, at_least=True)
-        token_ids = self.tokenizer.encode(text)
+        token_ids = tokenize() if tokenize is not None else self.tokenizer.encode(text)
         self._check_length(len(token_ids))
         return token_ids
 
