@@ -24,7 +24,7 @@ from preprocess.settings import ProcessorSettings
 class Task:
     """Process `source` into the segment `shm_name`: a spare of `segment_bytes` if `recycled`,
     else a new one of that size. The pool chooses the segment, so it can clean it up even if
-    the worker dies half-way."""
+    the worker dies half-way. `attempt` counts the workers that died holding it before."""
 
     task_id: int
     mm_hash: str
@@ -32,6 +32,7 @@ class Task:
     shm_name: str
     segment_bytes: int
     recycled: bool
+    attempt: int = 0
 
 
 @dataclass(frozen=True)

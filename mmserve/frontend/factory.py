@@ -48,9 +48,12 @@ def default_sampling_params(model_dir: Path, *, open_ended: bool) -> SamplingPar
     return params
 
 
-def build_frontend(config: EngineConfig, media: MediaLoader, *, open_ended: bool) -> Frontend:
+def build_frontend(
+    config: EngineConfig, media: MediaLoader, *, open_ended: bool, special_tokens_in_content: bool = False
+) -> Frontend:
     """Read the model folder's tokenizer and preprocessor config and start the preprocess pool
-    (`config.multimodal.preprocess_workers` processes; 0 = in this process)."""
+    (`config.multimodal.preprocess_workers` processes; 0 = in this process). Special-token text
+    in chat messages is plain text unless `special_tokens_in_content`."""
     model_dir = config.model.path
     tokenizer = Tokenizer(model_dir)
     processor_config = json.loads((model_dir / "preprocessor_config.json").read_text())
@@ -61,7 +64,12 @@ def build_frontend(config: EngineConfig, media: MediaLoader, *, open_ended: bool
     )
     try:
         inputs = InputProcessor(
-            tokenizer, pool, media, config.model.max_model_len, config.multimodal.max_images_per_prompt
+            tokenizer,
+            pool,
+            media,
+            config.model.max_model_len,
+            config.multimodal.max_images_per_prompt,
+            special_tokens_in_content,
         )
         default_params = default_sampling_params(model_dir, open_ended=open_ended)
     except BaseException:

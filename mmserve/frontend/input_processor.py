@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 from PIL import Image
 
-from mmserve.frontend.media import MediaLoader
+from mmserve.frontend.media import MediaLoader, RawDataUrl
 from mmserve.frontend.tokenizer import IMAGE_PAD, Tokenizer
 from mmserve.protocol import EngineRequest, MultiModalFeature
 from mmserve.sampling_params import SamplingParams
@@ -86,11 +86,11 @@ def parse_messages(
         template_messages.append({"role": role, "content": parts})
     if max_images is not None and len(refs) > max_images:
         raise PromptError(f"at most {max_images} images are allowed per prompt, got {len(refs)}", "messages")
-    images = [loader.load(ref) if isinstance(ref, str) else ref for ref in refs]
+    images = [loader.load(ref) if isinstance(ref, str | RawDataUrl) else ref for ref in refs]
     return template_messages, images
 
 
-def _parse_part(part, where: str, refs: list[str | Image.Image]) -> dict:
+def _parse_part(part, where: str, refs: list[str | RawDataUrl | Image.Image]) -> dict:
     """One content part → its template form; an image's URL (or PIL image) goes to `refs`."""
     if not isinstance(part, dict):
         raise PromptError(f"{where} must be an object", "messages")
@@ -102,7 +102,7 @@ def _parse_part(part, where: str, refs: list[str | Image.Image]) -> dict:
     if kind == "image_url":
         ref = part.get("image_url")
         url = ref.get("url") if isinstance(ref, dict) else ref
-        if not isinstance(url, str):
+        if not isinstance(url, str | RawDataUrl):
             raise PromptError(f"{where}.image_url.url must be a string", "messages")
         refs.append(url)
         return {"type": "image"}

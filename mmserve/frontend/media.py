@@ -23,8 +23,24 @@ class MediaError(ValueError):
     """The client's image reference cannot be used; the message is safe to show them."""
 
 
-def decode_data_url(url: str, max_bytes: int) -> bytes:
-    header, sep, payload = url.partition(",")
+class RawDataUrl:
+    """A data URL left as the bytes of the request body it came in (see
+    entrypoints/openai/long_strings.py): decoded from there in pieces, never made a `str`."""
+
+    __slots__ = ("data",)
+
+    def __init__(self, data: memoryview) -> None:
+        self.data = data
+
+    def __repr__(self) -> str:
+        return f"<a data URL of {len(self.data):,} bytes>"
+
+
+_MAX_DATA_URL_HEADER = 256
+
+
+def decode_data_url(url: str | RawDataUrl, max_bytes: int) -> bytes:
+    header, sep, payload = _split_data_url(url)
     if not sep:
         raise MediaError("malformed data URL: no ',' separating the header from the data")
     if not header.startswith("data:") or not header.endswith(";base64"):
@@ -37,18 +53,29 @@ def decode_data_url(url: str, max_bytes: int) -> bytes:
     return _b64decode_in_pieces(payload)
 
 
-def _b64decode_in_pieces(payload: str) -> bytes:
+def _split_data_url(url: str | RawDataUrl) -> tuple[str, str, str | memoryview]:
+    if isinstance(url, str):
+        return url.partition(",")
+    comma = url.data[:_MAX_DATA_URL_HEADER].tobytes().find(b",")
+    if comma < 0:
+        return "", "", ""
+    return url.data[:comma].tobytes().decode("ascii", "replace"), ",", url.data[comma + 1 :]
+
+
+def _b64decode_in_pieces(payload: str | memoryview) -> bytes:
     """`base64.b64decode(payload, validate=True)`, decoded in pieces so that other threads run
     in between. Padding may only end the whole payload, as in one call."""
-    if "=" in payload[:-2]:
-        raise MediaError("invalid base64 image data: padding before the end")
-    try:
-        pieces = [
-            base64.b64decode(payload[start : start + _BASE64_PIECE_CHARS], validate=True)
-            for start in range(0, len(payload), _BASE64_PIECE_CHARS)
-        ]
-    except (binascii.Error, ValueError) as e:
-        raise MediaError(f"invalid base64 image data: {e}") from None
+    pieces = []
+    for start in range(0, len(payload), _BASE64_PIECE_CHARS):
+        piece = payload[start : start + _BASE64_PIECE_CHARS]
+        piece = piece.tobytes() if isinstance(piece, memoryview) else piece
+        last = start + _BASE64_PIECE_CHARS >= len(payload)
+        if ("=" if isinstance(piece, str) else b"=") in (piece[:-2] if last else piece):
+            raise MediaError("invalid base64 image data: padding before the end")
+        try:
+            pieces.append(base64.b64decode(piece, validate=True))
+        except (binascii.Error, ValueError) as e:
+            raise MediaError(f"invalid base64 image data: {e}") from None
     return b"".join(pieces)
 
 
@@ -100,8 +127,10 @@ class MediaLoader:
         self.max_image_bytes = max_image_bytes
         self.fetch_timeout_s = fetch_timeout_s
 
-    def load(self, url: str) -> bytes:
+    def load(self, url: str | RawDataUrl) -> bytes:
         """Bytes of the image behind `url`; raises MediaError with a client-facing message."""
+        if isinstance(url, RawDataUrl):
+            return decode_data_url(url, self.max_image_bytes)
         if not isinstance(url, str) or not url:
             raise MediaError("image_url.url must be a non-empty string")
         if url.startswith("data:"):

@@ -78,7 +78,7 @@ class SpecialTextShield:
 
         def flush() -> None:
             if run:
-                ids.extend(self._plain.encode("".join(run), add_special_tokens=False).ids)
+                ids.extend(self._plain.encode_batch(["".join(run)], add_special_tokens=False)[0].ids)
                 run.clear()
 
         position = 0

@@ -21,6 +21,7 @@ from mmserve.frontend.errors import (
     MediaError,
     PreprocessError,
     PromptError,
+    ServerShuttingDown,
     TemplateError,
 )
 from mmserve.frontend.input_processor import ProcessedPrompt
@@ -40,6 +41,8 @@ def client_error(e: Exception) -> OpenAIError:
         return bad_request(str(e), "messages")
     if isinstance(e, (TemplateError, ValueError)):
         return bad_request(str(e))
+    if isinstance(e, ServerShuttingDown):
+        return OpenAIError(503, str(e))
     if isinstance(e, EngineDeadError):
         return OpenAIError(503, f"the engine is not running: {e}")
     if isinstance(e, PreprocessError):

@@ -14,6 +14,7 @@ from mmserve.entrypoints.openai.disconnect import until_disconnected
 from mmserve.entrypoints.openai.errors import OpenAIError, bad_request
 from mmserve.entrypoints.openai.generation import Generation, client_error
 from mmserve.entrypoints.openai.parsing import json_body, parse_body
+from mmserve.entrypoints.openai.responses import json_response
 from mmserve.entrypoints.openai.schemas import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -40,21 +41,34 @@ State = Annotated[AppState, Depends(app_state)]
 async def health(state: State) -> Response:
     if state.engine.dead:
         return OpenAIError(503, "the engine is not running").response()
+    if state.drain.draining:  # so a load balancer stops sending before the deadline
+        return OpenAIError(503, "the server is shutting down").response()
     return JSONResponse({})
 
 
 @router.get("/v1/models")
 async def models(state: State) -> dict:
-    model = state.engine.config.model
-    card = {
+    return {"object": "list", "data": [_model_card(state)]}
+
+
+@router.get("/v1/models/{model_id:path}")
+async def model(model_id: str, state: State) -> dict:
+    if model_id != state.served_model_name:
+        shown = model_id if len(model_id) <= 64 else model_id[:61] + "..."
+        raise OpenAIError(404, f"the model {shown!r} does not exist", "model", "model_not_found")
+    return _model_card(state)
+
+
+def _model_card(state: AppState) -> dict:
+    model_config = state.engine.config.model
+    return {
         "id": state.served_model_name,
         "object": "model",
         "created": state.created,
         "owned_by": "mmserve",
-        "root": str(model.path),
-        "max_model_len": model.max_model_len,
+        "root": str(model_config.path),
+        "max_model_len": model_config.max_model_len,
     }
-    return {"object": "list", "data": [card]}
 
 
 @router.get("/metrics")
@@ -89,7 +103,7 @@ async def _respond(
     if request.stream:
         include_usage = bool(request.stream_options and request.stream_options.include_usage)
         return StreamingResponse(stream_body(generation, include_usage), media_type="text/event-stream")
-    return JSONResponse(await until_disconnected(raw, response_body(generation)))
+    return await json_response(await until_disconnected(raw, response_body(generation)))
 
 
 @router.post("/tokenize", openapi_extra=json_body(TokenizeRequest))

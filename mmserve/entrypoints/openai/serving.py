@@ -12,6 +12,7 @@ counting after the yield would skip what arrived meanwhile.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 
@@ -26,6 +27,7 @@ from mmserve.entrypoints.openai.generation import (
     sse,
     usage_of,
 )
+from mmserve.entrypoints.openai.limits import check_answer_size
 from mmserve.entrypoints.openai.schemas import ChatCompletionRequest, CompletionRequest
 from mmserve.entrypoints.openai.state import AppState
 from mmserve.frontend.input_processor import ProcessedPrompt
@@ -56,6 +58,7 @@ async def build_chat(state: AppState, request: ChatCompletionRequest) -> Generat
         params = request.sampling_params(state.frontend.default_params)
     except ValueError as e:
         raise bad_request(str(e)) from None
+    check_answer_size(params, 1, state.engine.config.model.max_model_len)
     template_kwargs = request.chat_template_kwargs or {}
     if "messages" in template_kwargs:
         raise bad_request("chat_template_kwargs must not set 'messages'", "chat_template_kwargs")
@@ -90,6 +93,10 @@ def _token_logprob(logprob: Logprob) -> dict:
 
 async def chat_response(generation: Generation) -> dict:
     [output] = await generation.final_outputs()
+    return await asyncio.to_thread(_chat_body, generation, output)  # megabytes, built off the loop
+
+
+def _chat_body(generation: Generation, output: RequestOutput) -> dict:
     choices = [
         {
             "index": completion.index,
@@ -161,6 +168,7 @@ async def build_completion(state: AppState, request: CompletionRequest) -> Gener
         prompts = request.prompts()
     except ValueError as e:
         raise bad_request(str(e), "prompt") from None
+    check_answer_size(params, len(prompts), state.engine.config.model.max_model_len)
     reservation = admit(state, len(prompts))
     processed = await prepare(reservation, _process_prompts(state, prompts))
     return Generation(state, processed, params, request.priority, reservation)
@@ -188,6 +196,10 @@ def completion_logprobs(completion: CompletionOutput, start: int = 0) -> dict | 
 
 async def completion_response(generation: Generation) -> dict:
     outputs = await generation.final_outputs()
+    return await asyncio.to_thread(_completion_body, generation, outputs)  # built off the loop
+
+
+def _completion_body(generation: Generation, outputs: list[RequestOutput]) -> dict:
     choices = [
         {
             "index": prompt_index * generation.params.n + completion.index,
