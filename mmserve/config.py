@@ -17,6 +17,8 @@ from typing import Any
 
 import torch
 
+from mmserve.model_folder import eos_ids, max_image_tokens, max_video_tokens
+
 _DTYPES = {
     "float32": torch.float32,
     "fp32": torch.float32,
@@ -40,11 +42,30 @@ def parse_dtype(name: str | torch.dtype, default: torch.dtype) -> torch.dtype:
     return _DTYPES[name]
 
 
+# CPU flags (/proc/cpuinfo) with which torch computes a half-precision dtype natively.
+_FAST_CPU_FLAGS = {torch.bfloat16: {"avx512_bf16", "amx_bf16"}, torch.float16: {"avx512_fp16", "amx_fp16"}}
+
+
+def cpu_computes_natively(dtype: torch.dtype) -> bool:
+    """float32 always; bfloat16 / float16 only on CPUs with matching instructions (AVX512-BF16,
+    AMX...): elsewhere torch converts every operand, and a bf16 linear layer runs several times
+    slower than a float32 one (4-20x on an AVX2-only EPYC: BENCHMARKS.md, "dtype")."""
+    if dtype not in _FAST_CPU_FLAGS:
+        return True
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    lines = [line for line in text.splitlines() if line.startswith("flags")]
+    flags = set(lines[0].split(":", 1)[1].split()) if lines else set()
+    return bool(_FAST_CPU_FLAGS[dtype] & flags)
+
+
 @dataclass(frozen=True)
 class VisionConfig:
     """The vision tower of a Qwen2-VL-family model."""
 
-    family: str  # "qwen2_vl" | "qwen2_5_vl"
+    family: str  # "qwen2_vl" | "qwen2_5_vl" | "qwen3_vl"
     depth: int
     dim: int  # width of the vision transformer (Qwen2-VL `embed_dim`, Qwen2.5-VL `hidden_size`)
     num_heads: int
@@ -58,6 +79,9 @@ class VisionConfig:
     rope_theta: float = 10000.0
     window_size: int = 0  # Qwen2.5-VL window attention (pixels); 0 = none
     fullatt_block_indexes: tuple[int, ...] = ()
+    tokens_per_second: float = 0.0  # Qwen2.5-VL: temporal position units per second of video
+    num_position_embeddings: int = 0  # Qwen3-VL: learned position table (a square grid)
+    deepstack_visual_indexes: tuple[int, ...] = ()  # Qwen3-VL: blocks whose features feed the LM
 
     @property
     def head_dim(self) -> int:
@@ -89,10 +113,15 @@ class ModelConfig:
     max_model_len: int
     eos_token_ids: tuple[int, ...] = ()
     max_image_tokens: int = 0  # placeholder tokens of the largest image the processor can produce
+    video_token_id: int = -1
+    max_video_tokens: int = 0  # placeholder tokens of the largest video item (Qwen3-VL: one frame pair)
+    explicit_head_dim: int = 0  # Qwen3 sets head_dim in its config; 0 = hidden_size / num_heads
+    qkv_bias: bool = True  # Qwen2 has q/k/v biases; Qwen3 has none (and q/k norms instead)
+    mrope_interleaved: bool = False  # Qwen3-VL interleaves the t/h/w rotary channels
 
     @property
     def head_dim(self) -> int:
-        return self.hidden_size // self.num_heads
+        return self.explicit_head_dim or self.hidden_size // self.num_heads
 
     @classmethod
     def from_pretrained(
@@ -106,7 +135,7 @@ class ModelConfig:
         # transformers 5 saves text fields under text_config; the hub releases keep them flat.
         text = {**raw, **raw.get("text_config", {})}
         family = raw.get("model_type", "")
-        if family not in ("qwen2_vl", "qwen2_5_vl"):
+        if family not in ("qwen2_vl", "qwen2_5_vl", "qwen3_vl"):
             raise ValueError(f"unsupported model_type {family!r} in {config_file}")
         rope = text.get("rope_scaling") or text.get("rope_parameters") or {}
         checkpoint_dtype = parse_dtype(
@@ -137,8 +166,13 @@ class ModelConfig:
             vision=_vision_config(family, raw["vision_config"], int(text["hidden_size"])),
             dtype=parse_dtype(dtype, checkpoint_dtype),
             max_model_len=max_model_len or limit,
-            eos_token_ids=_eos_ids(path, text),
-            max_image_tokens=_max_image_tokens(path, raw["vision_config"]),
+            eos_token_ids=eos_ids(path, text),
+            max_image_tokens=max_image_tokens(path, raw["vision_config"]),
+            video_token_id=int(raw.get("video_token_id", -1)),
+            max_video_tokens=max_video_tokens(path, family, raw["vision_config"]),
+            explicit_head_dim=int(text.get("head_dim") or 0) if family == "qwen3_vl" else 0,
+            qkv_bias=bool(text.get("attention_bias", family != "qwen3_vl")),
+            mrope_interleaved=bool(rope.get("mrope_interleaved", False)),
         )
 
 
@@ -152,6 +186,16 @@ def _vision_config(family: str, raw: dict, text_hidden_size: int) -> VisionConfi
         temporal_patch_size=int(raw.get("temporal_patch_size", 2)),
         in_channels=int(raw.get("in_chans", raw.get("in_channels", 3))),
     )
+    if family == "qwen3_vl":
+        return VisionConfig(
+            dim=int(raw["hidden_size"]),
+            mlp_dim=int(raw["intermediate_size"]),
+            out_dim=int(raw.get("out_hidden_size", text_hidden_size)),
+            hidden_act=raw.get("hidden_act", "gelu_pytorch_tanh"),
+            num_position_embeddings=int(raw.get("num_position_embeddings", 2304)),
+            deepstack_visual_indexes=tuple(raw.get("deepstack_visual_indexes", (8, 16, 24))),
+            **common,
+        )
     if family == "qwen2_vl":
         dim = int(raw["embed_dim"])
         return VisionConfig(
@@ -168,46 +212,32 @@ def _vision_config(family: str, raw: dict, text_hidden_size: int) -> VisionConfi
         hidden_act=raw.get("hidden_act", "silu"),
         window_size=int(raw.get("window_size", 112)),
         fullatt_block_indexes=tuple(raw.get("fullatt_block_indexes", (7, 15, 23, 31))),
+        tokens_per_second=float(raw.get("tokens_per_second", 2)),
         **common,
     )
 
 
-def _max_image_tokens(path: Path, vision: dict) -> int:
-    """max_pixels / (patch · merge)²: smart-resize keeps every image within max_pixels."""
-    processor_file = path / "preprocessor_config.json"
-    processor = json.loads(processor_file.read_text()) if processor_file.is_file() else {}
-    max_pixels = processor.get("max_pixels") or processor.get("size", {}).get("longest_edge") or 12845056
-    factor = int(processor.get("patch_size", vision.get("patch_size", 14))) * int(
-        processor.get("merge_size", vision.get("spatial_merge_size", 2))
-    )
-    return int(max_pixels) // (factor * factor)
-
-
-def _eos_ids(path: Path, text: dict) -> tuple[int, ...]:
-    """EOS ids from generation_config.json (which may list several), else config.json."""
-    generation_file = path / "generation_config.json"
-    eos = json.loads(generation_file.read_text()).get("eos_token_id") if generation_file.is_file() else None
-    if eos is None:
-        eos = text.get("eos_token_id")
-    if eos is None:
-        return ()
-    return tuple(eos) if isinstance(eos, list) else (int(eos),)
-
-
 @dataclass(frozen=True)
 class CacheConfig:
-    """Paged KV cache. Either `num_blocks` or `kv_cache_memory_bytes` sizes it."""
+    """Paged KV cache, sized by `num_blocks`, else `kv_cache_memory_bytes`, else (None, the
+    default: "auto") from the memory free once the model is loaded: `memory_utilization` of it
+    on CPU; on CUDA what keeps (1 - memory_utilization) of the device free, as vLLM's
+    --gpu-memory-utilization. Auto never takes more than every running request at
+    max_model_len could fill."""
 
     block_size: int = 16
     num_blocks: int | None = None
-    kv_cache_memory_bytes: int = 2 << 30
+    kv_cache_memory_bytes: int | None = None
     enable_prefix_caching: bool = True
+    memory_utilization: float = 0.9
 
     def __post_init__(self) -> None:
         if self.block_size <= 0 or self.block_size % 1:
             raise ValueError(f"block_size must be a positive integer, got {self.block_size}")
         if self.num_blocks is not None and self.num_blocks < 1:
             raise ValueError(f"num_blocks must be ≥ 1, got {self.num_blocks}")
+        if not 0 < self.memory_utilization <= 1:
+            raise ValueError(f"memory_utilization must be in (0, 1], got {self.memory_utilization}")
 
 
 SCHEDULING_POLICIES = ("fcfs", "priority")
@@ -242,6 +272,8 @@ class SchedulerConfig:
 
 DEFAULT_IMAGES_PER_PROMPT = 8
 """Images one prompt may carry when `limit_per_prompt` does not name "image"."""
+DEFAULT_VIDEOS_PER_PROMPT = 1
+"""Videos one prompt may carry when `limit_per_prompt` does not name "video"."""
 
 
 @dataclass(frozen=True)
@@ -249,10 +281,43 @@ class MultiModalConfig:
     limit_per_prompt: dict[str, int] = field(default_factory=lambda: {"image": DEFAULT_IMAGES_PER_PROMPT})
     processor_cache_bytes: int = 1 << 30
     preprocess_workers: int | None = None  # None = min(4, cpu count); 0 = in-process
+    # How media are loaded, per modality (vLLM's --media-io-kwargs): {"video": {"num_frames": 16}}
+    media_io_kwargs: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        unknown = set(self.limit_per_prompt) - {"image", "video"}
+        if unknown:
+            raise ValueError(f"limit_mm_per_prompt names unknown modalities {sorted(unknown)} (image, video)")
 
     @property
     def max_images_per_prompt(self) -> int:
         return self.limit_per_prompt.get("image", DEFAULT_IMAGES_PER_PROMPT)
+
+    @property
+    def max_videos_per_prompt(self) -> int:
+        return self.limit_per_prompt.get("video", DEFAULT_VIDEOS_PER_PROMPT)
+
+
+ATTENTION_BACKENDS = ("auto", "torch", "cpu", "triton")
+"""auto: the fastest that works on the device; torch: the plain-torch reference; cpu: the C++
+kernels (csrc/); triton: the Triton kernels (CUDA, or Triton's interpreter on CPU)."""
+
+
+@dataclass(frozen=True)
+class ExecutionConfig:
+    """How the model runs on its device: which kernels, how many CPU threads."""
+
+    attention_backend: str = "auto"  # one of ATTENTION_BACKENDS (see mmserve.layers.attention)
+    num_threads: int | None = None  # engine's torch threads on CPU; None = MMSERVE_NUM_THREADS or all cores
+
+    def __post_init__(self) -> None:
+        if self.attention_backend not in ATTENTION_BACKENDS:
+            raise ValueError(
+                f"attention_backend must be one of {', '.join(ATTENTION_BACKENDS)}, "
+                f"got {self.attention_backend!r}"
+            )
+        if self.num_threads is not None and self.num_threads < 1:
+            raise ValueError(f"num_threads must be ≥ 1, got {self.num_threads}")
 
 
 @dataclass(frozen=True)
@@ -263,22 +328,32 @@ class EngineConfig:
     cache: CacheConfig
     scheduler: SchedulerConfig
     multimodal: MultiModalConfig
+    execution: ExecutionConfig = field(default_factory=ExecutionConfig)
     seed: int = 0
     device: str | None = None  # None = cuda when available, else cpu
 
     @property
+    def max_item_tokens(self) -> int:
+        """Tokens of the largest image or video item a prompt may carry (never more than the
+        context: a longer item could not be used anyway)."""
+        largest = self.model.max_image_tokens
+        if self.multimodal.max_videos_per_prompt > 0:
+            largest = max(largest, min(self.model.max_video_tokens, self.model.max_model_len))
+        return largest
+
+    @property
     def encoder_budget(self) -> int:
-        """Embeddings encoded per step: by default exactly the largest image the processor can
-        produce, so any image can be scheduled, while one step never encodes more than that
-        (a step that encodes several large images stalls every decoding request behind it)."""
-        return self.scheduler.encoder_compute_budget or self.model.max_image_tokens
+        """Embeddings encoded per step: by default exactly the largest item the processor can
+        produce, so any image or video can be scheduled, while one step never encodes more than
+        that (a step that encodes several large items stalls every decoding request behind it)."""
+        return self.scheduler.encoder_compute_budget or self.max_item_tokens
 
     @property
     def encoder_cache_size(self) -> int:
         """Embeddings kept: at least a step's worth of tokens, so chunked prefill through images
         and requests sharing an image do not evict each other's embeddings (as vLLM sizes it)."""
         return self.scheduler.encoder_cache_size or max(
-            self.scheduler.max_num_batched_tokens, self.model.max_image_tokens, self.encoder_budget
+            self.scheduler.max_num_batched_tokens, self.max_item_tokens, self.encoder_budget
         )
 
 
@@ -314,19 +389,31 @@ class EngineArgs:
     scheduling_policy: str = field_default(SchedulerConfig, "scheduling_policy")
     block_size: int = field_default(CacheConfig, "block_size")
     num_kv_blocks: int | None = field_default(CacheConfig, "num_blocks")
-    kv_cache_memory: int = field_default(CacheConfig, "kv_cache_memory_bytes")  # bytes
+    kv_cache_memory: int | None = field_default(CacheConfig, "kv_cache_memory_bytes")  # bytes; None = auto
+    memory_utilization: float = field_default(CacheConfig, "memory_utilization")
     enable_prefix_caching: bool = field_default(CacheConfig, "enable_prefix_caching")
     limit_mm_per_prompt: dict[str, int] = field(
         default_factory=lambda: field_default(MultiModalConfig, "limit_per_prompt")
     )
     mm_processor_cache_gb: float = field_default(MultiModalConfig, "processor_cache_bytes") / _GIB
+    media_io_kwargs: dict[str, dict[str, Any]] = field(
+        default_factory=lambda: field_default(MultiModalConfig, "media_io_kwargs")
+    )
     preprocess_workers: int | None = field_default(MultiModalConfig, "preprocess_workers")
+    attention_backend: str = field_default(ExecutionConfig, "attention_backend")
+    num_threads: int | None = field_default(ExecutionConfig, "num_threads")
     seed: int = field_default(EngineConfig, "seed")
     device: str | None = field_default(EngineConfig, "device")
 
     def create_engine_config(self) -> EngineConfig:
-        """Read the model folder and build every slice (raises FileNotFoundError / ValueError)."""
+        """Read the model folder and build every slice (raises FileNotFoundError / ValueError).
+
+        dtype "auto" is the checkpoint's, except on a CPU that cannot compute it natively, where
+        it is float32 (a bf16 checkpoint then runs in float32, as fast and exact)."""
         model = ModelConfig.from_pretrained(self.model, self.dtype, self.max_model_len)
+        on_cpu = (self.device or ("cuda" if torch.cuda.is_available() else "cpu")).startswith("cpu")
+        if self.dtype == "auto" and on_cpu and not cpu_computes_natively(model.dtype):
+            model = dataclasses.replace(model, dtype=torch.float32)
         return EngineConfig(
             model=model,
             cache=CacheConfig(
@@ -334,6 +421,7 @@ class EngineArgs:
                 num_blocks=self.num_kv_blocks,
                 kv_cache_memory_bytes=self.kv_cache_memory,
                 enable_prefix_caching=self.enable_prefix_caching,
+                memory_utilization=self.memory_utilization,
             ),
             scheduler=SchedulerConfig(
                 max_num_seqs=self.max_num_seqs,
@@ -349,7 +437,9 @@ class EngineArgs:
                 limit_per_prompt=dict(self.limit_mm_per_prompt or {}),
                 processor_cache_bytes=int(self.mm_processor_cache_gb * _GIB),
                 preprocess_workers=self.preprocess_workers,
+                media_io_kwargs=dict(self.media_io_kwargs or {}),
             ),
+            execution=ExecutionConfig(attention_backend=self.attention_backend, num_threads=self.num_threads),
             seed=self.seed,
             device=self.device,
         )

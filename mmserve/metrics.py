@@ -89,11 +89,11 @@ class ServerMetrics:
             self.mm_cache_hits.labels(**self._labels).inc(hits - h0)
         self._last_mm = (queries, hits)
 
-    def observe_request(self, snapshot: RequestOutput, start: float) -> None:
-        """Called with each snapshot of a request as it streams in."""
+    def observe_request(self, delta: RequestOutput, start: float) -> None:
+        """Called with each delta of a request (RequestOutputKind.DELTA) as it streams in."""
         now = time.monotonic()
-        num_tokens = sum(len(c.token_ids) for c in snapshot.outputs)
-        seen, last_time = self._progress.get(snapshot.request_id, (0, start))
+        seen, last_time = self._progress.get(delta.request_id, (0, start))
+        num_tokens = seen + sum(len(c.token_ids) for c in delta.outputs)
         if num_tokens > seen:
             if seen == 0:
                 self.ttft.labels(**self._labels).observe(now - start)
@@ -101,11 +101,11 @@ class ServerMetrics:
                 gap = (now - last_time) / (num_tokens - seen)
                 for _ in range(num_tokens - seen):
                     self.itl.labels(**self._labels).observe(gap)
-            self._progress[snapshot.request_id] = (num_tokens, now)
-        if snapshot.finished:
-            self._progress.pop(snapshot.request_id, None)
+            self._progress[delta.request_id] = (num_tokens, now)
+        if delta.finished:
+            self._progress.pop(delta.request_id, None)
             self.e2e.labels(**self._labels).observe(now - start)
-            self.prompt_tokens.labels(**self._labels).inc(len(snapshot.prompt_token_ids))
+            self.prompt_tokens.labels(**self._labels).inc(len(delta.prompt_token_ids))
             self.generation_tokens.labels(**self._labels).inc(num_tokens)
             self.requests_finished.labels(**self._labels).inc()
 

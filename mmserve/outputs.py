@@ -2,7 +2,22 @@
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass, field
+
+
+class RequestOutputKind(enum.IntEnum):
+    """What each RequestOutput of a request holds (as vLLM's `output_kind`).
+
+    DELTA: only what is new since the request's previous output: the choices that changed,
+    each with its new text, token ids and logprobs, and its finish_reason exactly once (in the
+    delta that finishes it). Text that might be the start of a stop string is held back until
+    it cannot be, so the deltas' texts add up to the final text. FINAL_ONLY: one output, when
+    every choice has finished, holding the whole answer.
+    """
+
+    DELTA = 1
+    FINAL_ONLY = 2
 
 
 @dataclass
@@ -13,6 +28,7 @@ class Logprob:
 
 
 SampleLogprobs = list[dict[int, Logprob]]  # one dict per generated token
+PromptLogprobs = list[dict[int, Logprob] | None]  # one per prompt token; None for the first
 
 
 @dataclass
@@ -38,4 +54,6 @@ class RequestOutput:
     finished: bool
     num_cached_tokens: int = 0  # prompt tokens served from the prefix cache
     error: str | None = None  # set when the engine rejected or failed the request
+    # With SamplingParams.prompt_logprobs: in the first output of the request (and the final one)
+    prompt_logprobs: PromptLogprobs | None = None
     metrics: dict[str, float] = field(default_factory=dict)  # arrival/first-token/finish times

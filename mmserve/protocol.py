@@ -6,7 +6,7 @@ them (see the serving transport), never inside the msgpack body.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import msgspec
 import numpy as np
@@ -16,13 +16,19 @@ from mmserve.sampling_params import SamplingParams
 
 @dataclass
 class MultiModalFeature:
-    """One image of a request: where its placeholder tokens are and what to encode."""
+    """One image or video item of a request: where its placeholder tokens are and what to encode.
 
-    mm_hash: str  # hash of the image's bytes + processor settings; keys every cache
+    Every cache (encoder cache, prefix-cache extra keys, the encoder budget) counts items alike
+    whatever their modality. A Qwen3-VL video is one item per temporal patch (its frames are
+    separated by timestamp text), hashed `<video hash>-<index>`."""
+
+    mm_hash: str  # hash of the item's bytes + processor settings (+ sampling); keys every cache
     offset: int  # index of the first placeholder token in the prompt
     length: int  # number of placeholder tokens = number of embeddings
-    grid_thw: tuple[int, int, int]  # patch grid, as the processor made it
+    grid_thw: tuple[int, int, int]  # patch grid (temporal patches, rows, columns), as processed
     pixel_values: np.ndarray | None = None  # [num_patches, C·T·P·P] float32, until encoded
+    modality: str = "image"  # "image" | "video"
+    seconds_per_temporal_patch: float = 0.0  # a video's; Qwen2.5-VL spaces temporal positions by it
 
 
 class EngineRequest(msgspec.Struct, kw_only=True):
@@ -50,6 +56,10 @@ class EngineCoreOutput(msgspec.Struct, array_like=True, omit_defaults=True):
     new_logprobs: Logprobs | None = None
     num_cached_tokens: int = 0  # prompt tokens served from the prefix cache
     error: str | None = None  # message for finish_reason == "error"
+    # Prompt logprobs of the positions computed this step, in order: position i scores prompt
+    # token i + 1 (column 0 is that token, then the top k), the first position being the next
+    # one not yet sent
+    new_prompt_logprobs: Logprobs | None = None
 
 
 class SchedulerStats(msgspec.Struct, kw_only=True):
@@ -86,9 +96,7 @@ def encode_add(request: EngineRequest) -> list:
     arrays = [f.pixel_values for f in request.mm_features if f.pixel_values is not None]
     stripped = msgspec.structs.replace(
         request,
-        mm_features=[
-            MultiModalFeature(f.mm_hash, f.offset, f.length, f.grid_thw, None) for f in request.mm_features
-        ],
+        mm_features=[replace(f, pixel_values=None) for f in request.mm_features],
     )
     layouts = [(a.dtype.str, a.shape) for a in arrays]
     return [ADD, _encoder.encode((stripped, layouts)), *(np.ascontiguousarray(a).data for a in arrays)]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import enum
+import json
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
@@ -30,6 +31,79 @@ _GENERATION_CONFIG_KEYS = {
     "repetition_penalty": "repetition_penalty",
     "max_new_tokens": "max_tokens",
 }
+
+
+MAX_LOGIT_BIAS = 100.0
+"""|bias| a logit_bias entry may add (OpenAI's range)."""
+
+
+class TokenIdError(ValueError):
+    """A token id a request carries is outside the vocabulary; `field` names where it is."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field = field
+
+
+@dataclass
+class StructuredOutputsParams:
+    """Constrain a request's output to a grammar, shaped like vLLM's: exactly one of `json`
+    (a JSON schema, as a dict or its JSON text), `json_object` (any JSON object), `regex`,
+    `choice` (one of the strings), `grammar` (xgrammar's EBNF) or `structural_tag` (an
+    xgrammar structural tag as JSON text; the server builds these for tool calls).
+
+    After `__post_init__` a `json` dict is held as its JSON text (key order kept: it is the
+    order the grammar writes the properties in), so the params cross msgpack as plain strings
+    and `key` can name a compiled grammar in a cache.
+    """
+
+    json: str | dict | None = None
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+    json_object: bool | None = None
+    structural_tag: str | None = None
+
+    def __post_init__(self) -> None:
+        if isinstance(self.json, dict):
+            self.json = json.dumps(self.json, ensure_ascii=False)
+        given = [name for name, value in self._specs().items() if value not in (None, False)]
+        if len(given) != 1:
+            raise ValueError(
+                "structured_outputs must set exactly one of json, json_object, regex, choice, grammar, "
+                f"structural_tag; got {', '.join(given) or 'none'}."
+            )
+        if self.choice is not None and (
+            not self.choice or any(not isinstance(c, str) or not c for c in self.choice)
+        ):
+            raise ValueError("structured_outputs.choice must be a non-empty list of non-empty strings.")
+        for name in ("json", "regex", "grammar", "structural_tag"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, str) or not value):
+                raise ValueError(f"structured_outputs.{name} must be a non-empty string.")
+
+    def _specs(self) -> dict[str, object]:
+        return {
+            "json": self.json,
+            "json_object": self.json_object,
+            "regex": self.regex,
+            "choice": self.choice,
+            "grammar": self.grammar,
+            "structural_tag": self.structural_tag,
+        }
+
+    @property
+    def kind(self) -> str:
+        """Which spec is set: "json", "json_object", "regex", "choice", "grammar" or "structural_tag"."""
+        return next(name for name, value in self._specs().items() if value not in (None, False))
+
+    @property
+    def key(self) -> tuple[str, str]:
+        """(kind, spec text): equal keys compile to the same grammar."""
+        value = self._specs()[self.kind]
+        if self.kind == "choice":
+            return self.kind, json.dumps(value, ensure_ascii=False)
+        return self.kind, "" if value is True else str(value)
 
 
 class SamplingType(enum.IntEnum):
@@ -64,9 +138,15 @@ class SamplingParams:
     prompt_logprobs: int | None = None
     detokenize: bool = True
     skip_special_tokens: bool = True
-    spaces_between_special_tokens: bool = True
     include_stop_str_in_output: bool = False
     truncate_prompt_tokens: int | None = None  # keep only the last k prompt tokens
+    logit_bias: dict[int, float] | None = None  # token id -> added to its logit, in [-100, 100]
+    allowed_token_ids: list[int] | None = None  # sample only among these
+    bad_words: list[str] | None = None  # never generate these words (as token sequences)
+    # Token sequences of `bad_words`, set by the frontend (which has the tokenizer): each word
+    # alone and after a space, as vLLM encodes them. The engine reads only these.
+    bad_words_token_ids: list[list[int]] = field(default_factory=list)
+    structured_outputs: StructuredOutputsParams | None = None
     # EOS ids from the model's generation config (set by `update_from_generation_config`, not by
     # users). Kept apart from `stop_token_ids` so that `ignore_eos` can switch them off alone.
     eos_token_ids: list[int] = field(default_factory=list)
@@ -77,6 +157,7 @@ class SamplingParams:
         self.stop = list(self.stop or [])
         self.stop_token_ids = list(self.stop_token_ids or [])
         self.eos_token_ids = list(self.eos_token_ids)
+        self.bad_words_token_ids = [list(ids) for ids in self.bad_words_token_ids]
         if self.top_k == -1:
             self.top_k = 0
         self._validate()
@@ -116,6 +197,42 @@ class SamplingParams:
         for name in ("stop_token_ids", "eos_token_ids"):
             for token_id in getattr(self, name):
                 _check_int(name, token_id, minimum=0, hint="token ids")
+        self._validate_token_controls()
+
+    def _validate_token_controls(self) -> None:
+        for token_id, bias in (self.logit_bias or {}).items():
+            _check_int("logit_bias", token_id, minimum=0, hint="token ids as keys")
+            if not (isinstance(bias, (int, float)) and -MAX_LOGIT_BIAS <= bias <= MAX_LOGIT_BIAS):
+                raise ValueError(f"logit_bias values must be in [-100, 100], got {bias!r} for {token_id}.")
+        if self.allowed_token_ids is not None:
+            if not self.allowed_token_ids:
+                raise ValueError("allowed_token_ids must not be empty.")
+            for token_id in self.allowed_token_ids:
+                _check_int("allowed_token_ids", token_id, minimum=0, hint="token ids")
+        if any(not isinstance(word, str) or not word for word in self.bad_words or []):
+            raise ValueError(f"bad_words must contain only non-empty strings, got {self.bad_words!r}.")
+        for ids in self.bad_words_token_ids:
+            if not ids:
+                raise ValueError("bad_words_token_ids must hold non-empty token sequences.")
+            for token_id in ids:
+                _check_int("bad_words", token_id, minimum=0, hint="token ids")
+
+    def check_token_ids(self, vocab_size: int) -> None:
+        """Raise TokenIdError naming the field if any token id here is not below `vocab_size`:
+        the engine indexes logits with them, so one out of range must never reach it."""
+        fields_ids = {
+            "stop_token_ids": self.stop_token_ids,
+            "eos_token_ids": self.eos_token_ids,
+            "logit_bias": list(self.logit_bias or {}),
+            "allowed_token_ids": self.allowed_token_ids or [],
+            "bad_words": [t for ids in self.bad_words_token_ids for t in ids],
+        }
+        for name, ids in fields_ids.items():
+            bad = next((t for t in ids if not 0 <= t < vocab_size), None)
+            if bad is not None:
+                raise TokenIdError(
+                    name, f"{name}: token id {bad} is outside the vocabulary [0, {vocab_size})."
+                )
 
     @property
     def sampling_type(self) -> SamplingType:

@@ -1,14 +1,18 @@
-"""Image preprocessing for Qwen2-VL / Qwen2.5-VL, outside the engine: decode, resize,
-normalise and patchify into shared memory, in worker processes, with a content-hash cache.
+"""Image and video preprocessing for Qwen2-VL / Qwen2.5-VL / Qwen3-VL, outside the engine:
+decode, resize, normalise and patchify into shared memory, in worker processes, with a
+content-hash cache.
 
-Imports nothing from `mmserve`. Output equals transformers' `Qwen2VLImageProcessorPil`.
+Imports nothing from `mmserve`. Output equals transformers' `Qwen2VLImageProcessorPil` for
+images and its Qwen video processors for videos.
 """
 
 from __future__ import annotations
 
 from preprocess.errors import (
     CorruptImage,
+    CorruptVideo,
     EmptyImage,
+    EmptyVideo,
     ExtremeAspectRatio,
     ImageError,
     ImageTooComplex,
@@ -18,6 +22,9 @@ from preprocess.errors import (
     PreprocessPoolClosed,
     PreprocessWorkerDied,
     UnsupportedImageFormat,
+    UnsupportedVideoFormat,
+    VideoError,
+    VideoTooLarge,
 )
 from preprocess.hashing import mm_hash
 from preprocess.pool import PoolStats, PreprocessPool
@@ -25,11 +32,16 @@ from preprocess.probe import ImageHeader, probe
 from preprocess.processed import ProcessedImage
 from preprocess.settings import ProcessorSettings
 from preprocess.shm import ShmHandle, attach
+from preprocess.video import FrameSampling, VideoInfo, VideoSource
+from preprocess.video_settings import VideoSettings
 
 __all__ = [
     "CorruptImage",
+    "CorruptVideo",
     "EmptyImage",
+    "EmptyVideo",
     "ExtremeAspectRatio",
+    "FrameSampling",
     "ImageError",
     "ImageHeader",
     "ImageTooComplex",
@@ -44,6 +56,12 @@ __all__ = [
     "ProcessorSettings",
     "ShmHandle",
     "UnsupportedImageFormat",
+    "UnsupportedVideoFormat",
+    "VideoError",
+    "VideoInfo",
+    "VideoSettings",
+    "VideoSource",
+    "VideoTooLarge",
     "attach",
     "mm_hash",
     "probe",

@@ -56,3 +56,24 @@ class PreprocessPoolClosed(PreprocessError):
 
 class PreprocessFailed(PreprocessError):
     """An unexpected exception inside a worker; the message carries its type and text."""
+
+
+class VideoError(ImageError):
+    """A video that cannot be processed; the message is client-safe. An `ImageError`, so every
+    caller that answers a bad image with a 4xx answers a bad video the same way."""
+
+
+class UnsupportedVideoFormat(VideoError):
+    """The bytes are not a video in a supported container, or have no video stream."""
+
+
+class CorruptVideo(VideoError):
+    """The container was recognised but its frames are truncated or cannot be decoded."""
+
+
+class EmptyVideo(VideoError):
+    """The video has no frames (or too few for the model)."""
+
+
+class VideoTooLarge(VideoError):
+    """The header announces more frames, or frames × pixels, than allowed (video bombs)."""

@@ -1,4 +1,4 @@
-"""`PreprocessPool`: the one object the frontend calls to turn an image into pixels.
+"""`PreprocessPool`: the one object the frontend calls to turn an image or a video into pixels.
 
 A request is hashed once; a cache hit returns at once (no IPC); a request for an image already
 being computed waits for that computation; otherwise its header is checked (a bad image fails
@@ -36,9 +36,10 @@ from preprocess.processed import ProcessedImage, SharedPixels
 from preprocess.settings import ProcessorSettings
 from preprocess.spares import SpareSegments
 from preprocess.supervisor import InlineExecutor, WorkerSupervisor
+from preprocess.video import VideoSource, plan, video_pixel_values_nbytes
 from preprocess.worker import Task, TaskDone
 
-PoolInput = bytes | Image.Image
+PoolInput = bytes | Image.Image | VideoSource  # a video carries its own settings and sampling
 _Claim = ProcessedImage | Future  # a cache hit, or a computation's result to wait for
 
 
@@ -161,9 +162,11 @@ class PreprocessPool:
     def __exit__(self, *exc_info: object) -> None:
         self.close()
 
-    def _identify(self, image: PoolInput, mm_hash: str | None) -> tuple[str, ImageSource]:
+    def _identify(self, image: PoolInput, mm_hash: str | None) -> tuple[str, ImageSource | VideoSource]:
         if self._closed:
             raise PreprocessPoolClosed("the preprocess pool is closed")
+        if isinstance(image, VideoSource):
+            return mm_hash or image.digest(), image
         if isinstance(image, Image.Image):
             try:
                 source: ImageSource = RawImage.from_pil(image)
@@ -175,8 +178,10 @@ class PreprocessPool:
             raise TypeError(f"expected bytes or PIL.Image.Image, got {type(image).__name__}")
         return mm_hash or hashing.mm_hash(source, self.settings), source
 
-    def _segment_bytes(self, source: ImageSource) -> int:
+    def _segment_bytes(self, source: ImageSource | VideoSource) -> int:
         """Checks the header (raising `ImageError`) and sizes the segment for the result."""
+        if isinstance(source, VideoSource):
+            return shm.segment_size(video_pixel_values_nbytes(plan(source).grid, source.settings))
         return shm.segment_size(pixel_values_nbytes(source, self.settings))
 
     def _claim(self, mm_hash: str, *, count: bool) -> _Claim | None:
@@ -226,10 +231,12 @@ class PreprocessPool:
         error = done.error
         if error is None:
             try:
-                tokens = num_tokens(done.grid, self.settings)
+                settings = task.source.settings if isinstance(task.source, VideoSource) else self.settings
+                tokens = num_tokens(done.grid, settings)
                 shared = SharedPixels(
                     task.mm_hash, done.handle, done.grid, tokens, task.segment_bytes, self._spares.give
                 )
+                shared.video_info = done.video_info
             except OSError as exc:
                 error = PreprocessFailed(f"could not map the result of image {task.mm_hash}: {exc}")
         if error is not None:

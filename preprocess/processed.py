@@ -37,6 +37,7 @@ class SharedPixels:
         self.num_tokens = num_tokens
         self.segment_bytes = segment_bytes
         self.pixels = shm.attach(handle)
+        self.video_info: object | None = None  # a video's `VideoInfo` (sampled frames, rate)
         self._free = free
         self._refs = 1
         self._lock = threading.Lock()
@@ -86,6 +87,12 @@ class ProcessedImage:
     @property
     def num_tokens(self) -> int:
         return self._shared.num_tokens
+
+    @property
+    def video_info(self):
+        """For a video, which frames were sampled at what rate (`preprocess.video.VideoInfo`);
+        None for an image."""
+        return self._shared.video_info
 
     @property
     def pixel_values(self) -> np.ndarray:

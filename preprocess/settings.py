@@ -9,10 +9,15 @@ from typing import Any
 
 import xxhash
 
-FAMILIES = ("qwen2_vl", "qwen2_5_vl")
-# Both families ship `Qwen2VLImageProcessor`; the family still goes into the hash so that two
-# models never share cached pixels by accident if their processors ever diverge.
-_PROCESSOR_CLASS_TO_FAMILY = {"Qwen2VLProcessor": "qwen2_vl", "Qwen2_5_VLProcessor": "qwen2_5_vl"}
+FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")
+# All three families ship `Qwen2VLImageProcessor` for images (Qwen3-VL with 16-pixel patches);
+# the family still goes into the hash so that two models never share cached pixels by accident
+# if their processors ever diverge (their video processors do).
+_PROCESSOR_CLASS_TO_FAMILY = {
+    "Qwen2VLProcessor": "qwen2_vl",
+    "Qwen2_5_VLProcessor": "qwen2_5_vl",
+    "Qwen3VLProcessor": "qwen3_vl",
+}
 
 OPENAI_CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
 OPENAI_CLIP_STD = (0.26862954, 0.26130258, 0.27577711)

@@ -18,6 +18,7 @@ from preprocess.decode import ImageSource, decode_rgb
 from preprocess.errors import ImageError, PreprocessFailed
 from preprocess.image import GridTHW, process_rgb
 from preprocess.settings import ProcessorSettings
+from preprocess.video import VideoInfo, VideoSource, process_video
 
 
 @dataclass(frozen=True)
@@ -28,7 +29,7 @@ class Task:
 
     task_id: int
     mm_hash: str
-    source: ImageSource
+    source: ImageSource | VideoSource
     shm_name: str
     segment_bytes: int
     recycled: bool
@@ -37,12 +38,13 @@ class Task:
 
 @dataclass(frozen=True)
 class TaskDone:
-    """Exactly one of (`handle`, `grid`) or `error` is set."""
+    """Exactly one of (`handle`, `grid`) or `error` is set; `video_info` for a video."""
 
     task_id: int
     handle: shm.ShmHandle | None = None
     grid: GridTHW | None = None
     error: Exception | None = None
+    video_info: VideoInfo | None = None
 
 
 @dataclass(frozen=True)
@@ -61,15 +63,19 @@ def run_task(task: Task, settings: ProcessorSettings) -> TaskDone:
         handle = shm.ShmHandle(task.shm_name, shape)
         return shm.map_writable(handle, task.segment_bytes, create=not task.recycled)
 
+    video_info = None
     try:
-        grid = process_rgb(decode_rgb(task.source, settings), settings, allocate)
+        if isinstance(task.source, VideoSource):
+            grid, video_info = process_video(task.source, allocate)
+        else:
+            grid = process_rgb(decode_rgb(task.source, settings), settings, allocate)
     except Exception as exc:
         if handle is not None and not task.recycled:
             shm.unlink(handle.shm_name)
         if not isinstance(exc, ImageError):
             exc = PreprocessFailed(f"preprocessing failed unexpectedly: {type(exc).__name__}: {exc}")
         return TaskDone(task.task_id, error=exc)
-    return TaskDone(task.task_id, handle=handle, grid=grid)
+    return TaskDone(task.task_id, handle=handle, grid=grid, video_info=video_info)
 
 
 def worker_main(conn: Connection, settings: ProcessorSettings) -> None:

@@ -8,6 +8,9 @@ Schema (as `datasets` features; what vLLM's VisionArena reader uses is marked *)
   num_turns:       int64
   language:        string
 vLLM reads `conversation[0][0]["content"]` (the first user message) and `images[0]`.
+
+The video mix (`--video-fraction F`) adds a `videos` column (list of mp4 bytes): a fraction F of
+the rows carry a short synthetic clip instead of an image, with questions about it.
 """
 
 from __future__ import annotations
@@ -60,32 +63,46 @@ _LANGUAGES = (
     ("German", "Was ist auf diesem Bild zu sehen?"),
     ("Russian", "Что изображено на этой картинке?"),
 )
+_VIDEO_QUESTIONS = (
+    "What happens in this video?",
+    "Describe the video.",
+    "How does the scene change over time?",
+    "What moves in this clip, and in which direction?",
+    "Summarise the video in one sentence.",
+)
+_VIDEO_SIZES = ((320, 240), (240, 320), (426, 240), (256, 256))
 _ANSWER_WORDS = (
     "the image shows a scene with several objects in the foreground and a blurred background "
     "there is text near the top and a chart below it which suggests a report of some kind"
 ).split()
 
 
-def features():
+def features(with_videos: bool = False):
     """The `datasets.Features` of the written parquet (also what the tests check against)."""
     from datasets import Features, Image, List, Value
 
     message = {"role": Value("string"), "content": Value("string")}
-    return Features(
-        {
-            "conversation_id": Value("string"),
-            "model": Value("string"),
-            "conversation": List(List(message)),
-            "images": List(Image()),
-            "num_turns": Value("int64"),
-            "language": Value("string"),
-        }
-    )
+    columns = {
+        "conversation_id": Value("string"),
+        "model": Value("string"),
+        "conversation": List(List(message)),
+        "images": List(Image()),
+        "num_turns": Value("int64"),
+        "language": Value("string"),
+    }
+    if with_videos:
+        columns["videos"] = List(Value("binary"))
+    return Features(columns)
 
 
-def make_row(index: int, seed: int) -> dict[str, Any]:
-    """One conversation: an image (photo → mostly JPEG, diagram → mostly PNG), 1–4 turns about it."""
+def make_row(index: int, seed: int, video_fraction: float = 0.0) -> dict[str, Any]:
+    """One conversation: an image (photo → mostly JPEG, diagram → mostly PNG), 1–4 turns about it;
+    with `video_fraction`, that share of the rows has a clip instead (and a `videos` column)."""
     rng = np.random.default_rng([seed, index])
+    if video_fraction:
+        is_video = bool(rng.random() < video_fraction)
+        row = make_video_row(index, seed, rng) if is_video else make_row(index, seed)
+        return row | {"videos": row.get("videos", [])}
     width, height = synth.SIZES[int(rng.integers(len(synth.SIZES)))]
     is_photo = bool(rng.random() < 0.55)
     image = (
@@ -118,7 +135,31 @@ def make_row(index: int, seed: int) -> dict[str, Any]:
     }
 
 
-def write_dataset(out_dir: str | Path, num_rows: int, seed: int = 0, rows_per_shard: int = 250) -> list[Path]:
+def make_video_row(index: int, seed: int, rng: np.random.Generator) -> dict[str, Any]:
+    """A conversation about a short clip (1–4 s at 8 fps, landscape or portrait), 1–2 turns."""
+    from mmserve.testing.videos import Clip, encode_clip
+
+    width, height = _VIDEO_SIZES[int(rng.integers(len(_VIDEO_SIZES)))]
+    clip = Clip(width, height, int(rng.integers(8, 33)), fps=8, seed=int(rng.integers(2**31)))
+    num_turns = int(rng.choice([1, 2], p=[0.7, 0.3]))
+    texts = [str(rng.choice(_VIDEO_QUESTIONS))] + [str(rng.choice(_FOLLOW_UPS)) for _ in range(num_turns - 1)]
+    answer = lambda: " ".join(rng.choice(_ANSWER_WORDS, int(rng.integers(8, 80))))
+    return {
+        "conversation_id": f"{seed:04x}{index:08x}",
+        "model": str(rng.choice(_MODELS)),
+        "conversation": [
+            [{"role": "user", "content": t}, {"role": "assistant", "content": answer()}] for t in texts
+        ],
+        "images": [],
+        "videos": [encode_clip(clip)],
+        "num_turns": num_turns,
+        "language": "English",
+    }
+
+
+def write_dataset(
+    out_dir: str | Path, num_rows: int, seed: int = 0, rows_per_shard: int = 250, video_fraction: float = 0.0
+) -> list[Path]:
     """Write `num_rows` conversations as OUT_DIR/data/train-0000i-of-0000n.parquet; return the files.
 
     `datasets.load_dataset(OUT_DIR)` then loads them as split "train" with the Image feature.
@@ -131,12 +172,13 @@ def write_dataset(out_dir: str | Path, num_rows: int, seed: int = 0, rows_per_sh
     paths = []
     for shard in range(num_shards):
         rows = [
-            make_row(i, seed)
+            make_row(i, seed, video_fraction)
             for i in range(shard * rows_per_shard, min(num_rows, (shard + 1) * rows_per_shard))
         ]
-        columns = {name: [row[name] for row in rows] for name in features()}
+        schema = features(with_videos=video_fraction > 0)
+        columns = {name: [row[name] for row in rows] for name in schema}
         path = data_dir / f"train-{shard:05d}-of-{num_shards:05d}.parquet"
-        Dataset.from_dict(columns, features=features()).to_parquet(str(path))
+        Dataset.from_dict(columns, features=schema).to_parquet(str(path))
         paths.append(path)
     return paths
 
@@ -167,11 +209,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("out_dir")
     parser.add_argument("--num-rows", type=int, default=500)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--video-fraction",
+        type=float,
+        default=0.0,
+        help="Share of rows with a short mp4 clip instead of an image.",
+    )
     parser.add_argument("--from-hub", action="store_true", help=f"Copy {HF_NAME} instead (needs network).")
     args = parser.parse_args(argv)
     if args.from_hub:
         paths = copy_from_hub(args.out_dir, args.num_rows)
     else:
-        paths = write_dataset(args.out_dir, args.num_rows, args.seed)
+        paths = write_dataset(args.out_dir, args.num_rows, args.seed, video_fraction=args.video_fraction)
     print("\n".join(str(p) for p in paths))
     return 0

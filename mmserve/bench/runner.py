@@ -20,7 +20,7 @@ import numpy as np
 
 from mmserve.bench.client import Endpoint, chat_body, send_chat
 from mmserve.bench.metrics import RequestResult
-from mmserve.bench.workload import Conversation, SingleTurn, user_message
+from mmserve.bench.workload import Conversation, SingleTurn
 
 
 @dataclass(frozen=True)
@@ -31,6 +31,7 @@ class LoadShape:
     output_len: int = 128
     ignore_eos: bool = False
     seed: int = 0
+    video_options: dict | None = None  # mm_processor_kwargs of requests with a video
 
 
 def arrival_offsets_s(num: int, rate: float, burstiness: float, seed: int) -> np.ndarray:
@@ -107,12 +108,9 @@ async def run_single_turn(
 
         def job(req: SingleTurn, progress: Progress | None):
             async def run() -> list[RequestResult]:
-                body = chat_body(
-                    endpoint.model,
-                    [user_message(req.prompt, [req.image_url])],
-                    shape.output_len,
-                    shape.ignore_eos,
-                )
+                body = chat_body(endpoint.model, [req.message()], shape.output_len, shape.ignore_eos)
+                if req.video_url and shape.video_options:
+                    body["mm_processor_kwargs"] = shape.video_options
                 result = await send_chat(client, endpoint, body)
                 if progress is not None:
                     progress.update()
@@ -148,9 +146,11 @@ async def run_multi_turn(
             async def run() -> list[RequestResult]:
                 history: list[dict] = []
                 results = []
-                for turn, text in enumerate(conv.user_texts):
-                    history.append(user_message(text, conv.image_urls[turn : turn + 1]))
+                for turn in range(len(conv.user_texts)):
+                    history.append(conv.message(turn))
                     body = chat_body(endpoint.model, history, shape.output_len, shape.ignore_eos)
+                    if conv.video_urls and shape.video_options:
+                        body["mm_processor_kwargs"] = shape.video_options
                     result = await send_chat(client, endpoint, body, turn=turn)
                     results.append(result)
                     progress.update()

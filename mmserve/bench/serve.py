@@ -24,7 +24,7 @@ from mmserve.bench.dataset import HF_NAME, load_conversations
 from mmserve.bench.metrics import compute_metrics, ttft_by_turn
 from mmserve.bench.report import distribution_json, format_report, format_turn_report, metrics_json
 from mmserve.bench.runner import LoadShape, run_multi_turn, run_single_turn
-from mmserve.bench.workload import SingleTurn, sample_conversations, sample_single_turn
+from mmserve.bench.workload import sample_conversations, sample_single_turn
 
 
 def _rates(text: str) -> list[float]:
@@ -61,6 +61,12 @@ def add_bench_serve_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--percentiles", type=_rates, default=[50.0, 90.0, 99.0], help="e.g. 50,90,99")
     p.add_argument("--multi-turn", action="store_true", help="Play whole conversations, history resent.")
+    p.add_argument(
+        "--video-num-frames",
+        type=int,
+        default=None,
+        help="Frames sampled from each video of the video mix (default: the server's --media-io-kwargs).",
+    )
     p.add_argument("--sweep-rates", type=_rates, default=None, help="e.g. 1,2,4,inf: one run per rate.")
     p.add_argument(
         "--plot-file", default=None, help="PNG of latency/throughput vs rate (with --sweep-rates)."
@@ -91,15 +97,22 @@ def benchmark(args: argparse.Namespace, endpoint: Endpoint, dataset=None, skip_r
     num_total = skip_rows + args.num_prompts + args.num_warmups
     if args.multi_turn:
         work = sample_conversations(dataset, num_total, args.seed)[skip_rows:]
-        warmups = [SingleTurn(c.user_texts[0], c.image_urls[0]) for c in work[args.num_prompts :]]
+        warmups = [c.first_turn() for c in work[args.num_prompts :]]
     else:
         work = sample_single_turn(dataset, num_total, args.seed)[skip_rows:]
         warmups = work[args.num_prompts :]
     work = work[: args.num_prompts]
     runs = []
     for rate in args.sweep_rates or [args.request_rate]:
+        video_options = {"num_frames": args.video_num_frames} if args.video_num_frames else None
         shape = LoadShape(
-            rate, args.burstiness, args.max_concurrency, args.output_len, args.ignore_eos, args.seed
+            rate,
+            args.burstiness,
+            args.max_concurrency,
+            args.output_len,
+            args.ignore_eos,
+            args.seed,
+            video_options,
         )
         run = run_multi_turn if args.multi_turn else run_single_turn
         load_before = os.getloadavg()[0]

@@ -28,6 +28,7 @@ import httpx
 from mmserve.bench.dataset import load_conversations
 from mmserve.bench.peers import ROOT, Peer, RunningServer
 from mmserve.bench.serve import add_bench_serve_arguments, benchmark, endpoint_from_args, machine_facts
+from mmserve.bench.vllm_client import vllm_round
 from mmserve.testing.server import free_port
 
 
@@ -43,6 +44,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--log-dir", default="/tmp/side_by_side", help="Server logs.")
     p.add_argument("--vllm-venv", type=Path, default=ROOT / ".venv-vllm")
     p.add_argument("--startup-timeout", type=float, default=600.0)
+    p.add_argument(
+        "--client",
+        choices=("mmserve", "vllm"),
+        default="mmserve",
+        help="Load generator: mmserve bench serve (in this process) or vLLM's `vllm bench serve`.",
+    )
     add_bench_serve_arguments(p)
     return p.parse_args(argv)
 
@@ -65,7 +72,10 @@ def run_peer(peer: Peer, args: argparse.Namespace, dataset) -> dict:
             # so no round hits prefix-cache entries an earlier round left behind.
             bench_args.num_warmups = args.num_warmups if i == 0 else 0
             skip = 0 if i == 0 else args.num_warmups + i * args.num_prompts
-            rounds.append(benchmark(bench_args, endpoint, dataset, skip_rows=skip))
+            if args.client == "vllm":
+                rounds.append(vllm_round(bench_args, server.url, i))
+            else:
+                rounds.append(benchmark(bench_args, endpoint, dataset, skip_rows=skip))
         counters = server_counters(server.url) if peer.kind == "mmserve" else {}
     finally:
         server.stop()
@@ -109,7 +119,8 @@ def markdown(results: list[dict], args: argparse.Namespace, command: str) -> str
         f"{first['num_prompts']} {'conversations' if args.multi_turn else 'prompts'}, "
         f"concurrency {args.max_concurrency or 'unlimited'}, rate {args.request_rate:g} req/s, "
         f"{args.output_len} output tokens{' (ignore_eos)' if args.ignore_eos else ''}, "
-        f"{args.rounds} round(s) per peer (median shown).",
+        f"{args.rounds} round(s) per peer (median shown); client: "
+        f"{'vllm bench serve' if args.client == 'vllm' else 'mmserve bench serve'}.",
         "",
         "| peer | server | req/s | out tok/s | TTFT mean / median / P99 (ms) | TPOT median / P99 (ms) "
         "| ITL median (ms) | E2EL median / P99 (ms) | failed | load |",

@@ -62,7 +62,7 @@ def instrument(llm) -> StageTimer:
 
 def main(argv: list[str] | None = None) -> int:
     from mmserve.bench.dataset import load_conversations
-    from mmserve.bench.workload import sample_single_turn, user_message
+    from mmserve.bench.workload import sample_single_turn
     from mmserve.entrypoints.llm import LLM
     from mmserve.sampling_params import SamplingParams
 
@@ -78,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
 
     requests = sample_single_turn(load_conversations(args.dataset_path), args.num_prompts + 2, args.seed)
-    conversations = [[user_message(r.prompt, [r.image_url])] for r in requests]
+    conversations = [[r.message()] for r in requests]
     params = SamplingParams(temperature=0.0, max_tokens=args.output_len, ignore_eos=True)
     llm = LLM(
         args.model_dir,

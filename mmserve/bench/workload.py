@@ -2,14 +2,15 @@
 
 Single-turn: the first user message and the first image (re-encoded as a JPEG data URL, as vLLM's
 `process_image` does), text part first. Multi-turn: every user message of a conversation, image k
-attached to turn k (the real set does not say where later images belong).
+attached to turn k (the real set does not say where later images belong). Rows of the video mix
+(a `videos` column, see `dataset`) carry an mp4 instead, sent as a `video_url` part with turn 1.
 """
 
 from __future__ import annotations
 
 import base64
 import io
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 from PIL import Image
@@ -18,13 +19,36 @@ from PIL import Image
 @dataclass(frozen=True)
 class SingleTurn:
     prompt: str
-    image_url: str  # data:image/jpeg;base64,...
+    image_url: str  # data:image/jpeg;base64,... ("" for a video row)
+    video_url: str = ""  # data:video/mp4;base64,...
+
+    def message(self) -> dict:
+        return user_message(self.prompt, [self.image_url] if self.image_url else [], self.video_urls)
+
+    @property
+    def video_urls(self) -> list[str]:
+        return [self.video_url] if self.video_url else []
 
 
 @dataclass(frozen=True)
 class Conversation:
     user_texts: list[str]  # one per turn, in order
     image_urls: list[str]  # image k belongs to turn k
+    video_urls: list[str] = field(default_factory=list)  # videos of the first turn
+
+    def message(self, turn: int) -> dict:
+        return user_message(
+            self.user_texts[turn], self.image_urls[turn : turn + 1], self.video_urls if turn == 0 else []
+        )
+
+    def first_turn(self) -> SingleTurn:
+        return SingleTurn(
+            self.user_texts[0], self.image_urls[0] if self.image_urls else "", (self.video_urls or [""])[0]
+        )
+
+
+def mp4_data_url(data: bytes) -> str:
+    return "data:video/mp4;base64," + base64.b64encode(data).decode()
 
 
 def jpeg_data_url(image: Image.Image | dict) -> str:
@@ -48,28 +72,29 @@ def _rows(dataset, num: int, seed: int) -> list[dict]:
         if len(picked) == num:
             break
         row = dataset[int(i)]
-        if row["images"]:
+        if row["images"] or row.get("videos"):
             picked.append(row)
     if not picked:
-        raise ValueError("no row of the dataset has an image")
+        raise ValueError("no row of the dataset has an image or a video")
     return [picked[k % len(picked)] for k in range(num)]
 
 
 def sample_single_turn(dataset, num: int, seed: int) -> list[SingleTurn]:
-    rows = _rows(dataset, num, seed)
-    return [SingleTurn(r["conversation"][0][0]["content"], jpeg_data_url(r["images"][0])) for r in rows]
+    return [c.first_turn() for c in sample_conversations(dataset, num, seed)]
 
 
 def sample_conversations(dataset, num: int, seed: int) -> list[Conversation]:
     out = []
     for row in _rows(dataset, num, seed):
         texts = [turn[0]["content"] for turn in row["conversation"] if turn and turn[0]["role"] == "user"]
-        out.append(Conversation(texts, [jpeg_data_url(im) for im in row["images"][: len(texts)]]))
+        images = [jpeg_data_url(im) for im in row["images"][: len(texts)]]
+        out.append(Conversation(texts, images, [mp4_data_url(v) for v in row.get("videos") or []]))
     return out
 
 
-def user_message(text: str, image_urls: list[str]) -> dict:
-    """An OpenAI user message: the text part first, then the images (vLLM's order)."""
+def user_message(text: str, image_urls: list[str], video_urls: list[str] = ()) -> dict:
+    """An OpenAI user message: the text part first, then the images and videos (vLLM's order)."""
     parts: list[dict] = [{"type": "text", "text": text}]
     parts += [{"type": "image_url", "image_url": {"url": url}} for url in image_urls]
+    parts += [{"type": "video_url", "video_url": {"url": url}} for url in video_urls]
     return {"role": "user", "content": parts}

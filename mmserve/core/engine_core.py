@@ -23,9 +23,10 @@ class Executor(Protocol):
 
 
 class EngineCore:
-    def __init__(self, scheduler: Scheduler, executor: Executor) -> None:
+    def __init__(self, scheduler: Scheduler, executor: Executor, vocab_size: int | None = None) -> None:
         self.scheduler = scheduler
         self.executor = executor
+        self.vocab_size = vocab_size  # the model's: token ids at or past it would index past the logits
         self._pending: list[EngineCoreOutput] = []  # rejections and aborts, sent with the next step
 
     def add_request(self, engine_request: EngineRequest) -> None:
@@ -41,6 +42,8 @@ class EngineCore:
         )
         try:
             check_features(engine_request.mm_features, len(engine_request.prompt_token_ids))
+            if self.vocab_size is not None:
+                check_token_ids(engine_request, self.vocab_size)
             self.scheduler.add_request(request)
         except ValueError as e:
             self._pending.append(
@@ -78,6 +81,14 @@ class EngineCore:
         result = EngineCoreOutputs(outputs=self._pending + outputs, stats=self.scheduler.stats())
         self._pending = []
         return result
+
+
+def check_token_ids(request: EngineRequest, vocab_size: int) -> None:
+    """Every token id the request carries is in the vocabulary (ValueError otherwise). The API
+    server refuses such requests already; this keeps any other sender from raising in a step."""
+    if any(not 0 <= token < vocab_size for token in request.prompt_token_ids):
+        raise ValueError(f"prompt token ids must be in [0, {vocab_size})")
+    request.sampling_params.check_token_ids(vocab_size)
 
 
 def check_features(features: list[MultiModalFeature], num_prompt_tokens: int) -> None:

@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING
 from mmserve.protocol import MultiModalFeature
 
 if TYPE_CHECKING:
+    import numpy as np
+
     from mmserve.sampling_params import SamplingParams
 
 
@@ -39,14 +41,25 @@ class CachedRequestData:
 
 
 @dataclass
+class GrammarBitmask:
+    """Structured outputs' allowed tokens for the requests that sample this step."""
+
+    req_ids: list[str]
+    bitmask: np.ndarray  # [len(req_ids), ceil(vocab / 32)] int32; bit j of word k = token 32k + j
+
+
+@dataclass
 class SchedulerOutput:
     scheduled_new_reqs: list[NewRequestData]
     scheduled_cached_reqs: CachedRequestData
     num_scheduled_tokens: dict[str, int]  # the step's decision: request id → tokens to compute
     total_num_scheduled_tokens: int
-    scheduled_encoder_inputs: dict[str, list[int]]  # request id → indices of mm_features to encode now
+    # request id → indices of mm_features to encode now: each mm_hash at most once per step, and
+    # never one the runner still holds (frees of this step are in free_encoder_mm_hashes)
+    scheduled_encoder_inputs: dict[str, list[int]]
     dropped_req_ids: set[str]  # finished, aborted or preempted — the runner drops their state
     free_encoder_mm_hashes: list[str]  # embeddings the runner may drop from its encoder cache
+    grammar_bitmask: GrammarBitmask | None = None  # None: no structured request samples this step
 
     @classmethod
     def empty(cls) -> SchedulerOutput:
@@ -69,6 +82,8 @@ class ModelRunnerOutput:
     req_ids: list[str]
     sampled_token_ids: list[list[int]]
     logprobs: dict[str, LogprobsLists] = field(default_factory=dict)  # request id → its row(s)
+    # request id → (first prompt position scored, logprobs of the next prompt token per position)
+    prompt_logprobs: dict[str, tuple[int, LogprobsLists]] = field(default_factory=dict)
     num_encoder_runs: int = 0  # images encoded this step (a counter the engine exposes)
 
     @classmethod

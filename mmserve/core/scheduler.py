@@ -7,6 +7,8 @@ their longest cached prefix. Chunked prefill is simply a request receiving fewer
 has left. Images add one rule: a span that reaches an image not in the encoder cache encodes the
 whole image this step if the encoder budget and cache allow, else stops just before it
 (span_plan.py). When KV blocks run out, a running request is preempted and later recomputed.
+A request with structured outputs waits for its grammar to compile before it is queued, and
+its tokens then advance its grammar's matcher (grammar.py).
 
 Which waiting request comes next, where it joins the running list and which running request is
 preempted are the scheduling policy's choices (request_queue.py: FCFS or priority). A step whose
@@ -21,6 +23,7 @@ from dataclasses import dataclass, field
 
 from mmserve.config import CacheConfig, SchedulerConfig
 from mmserve.core.encoder_cache_manager import EncoderCacheManager
+from mmserve.core.grammar import GrammarGate, GrammarTracker
 from mmserve.core.kv_cache_manager import KVCacheManager
 from mmserve.core.request import Request, RequestStatus
 from mmserve.core.request_queue import create_request_queue
@@ -33,6 +36,7 @@ from mmserve.core.sched_output import (
 )
 from mmserve.core.span_plan import SpanPlan, plan_span
 from mmserve.core.step_recovery import StepRecovery
+from mmserve.core.stopping import check_stop, unsent_prompt_logprobs
 from mmserve.protocol import EngineCoreOutput, EngineCoreOutputs, Logprobs, SchedulerStats
 
 
@@ -63,6 +67,7 @@ class Scheduler:
         num_blocks: int,
         encoder_budget: int,
         encoder_cache_size: int,
+        grammar: GrammarTracker | None = None,
     ) -> None:
         self.config = scheduler_config
         self.block_size = cache_config.block_size
@@ -80,14 +85,18 @@ class Scheduler:
         self._error_outputs: list[EngineCoreOutput] = []  # failures found while scheduling
         self.step_recovery = StepRecovery(self)
         self.num_encoder_runs = 0
+        self.grammar = GrammarGate(grammar)
 
     # ------------------------------------------------------------------ admission
 
     def add_request(self, request: Request) -> None:
         """Queue a request; raises ValueError if it could never be scheduled."""
         self.check_schedulable(request)
+        if self.grammar.is_structured(request):
+            self.grammar.add(request)  # queued once its grammar has compiled
+        else:
+            self.waiting.push(request)
         self.requests[request.request_id] = request
-        self.waiting.push(request)
 
     def check_schedulable(self, request: Request) -> None:
         if request.num_prompt_tokens == 0:
@@ -101,8 +110,8 @@ class Scheduler:
             limit = min(self.encoder_budget, self.encoder_cache_manager.cache_size)
             if f.length > limit:
                 raise ValueError(
-                    f"an image needs {f.length} tokens, more than the encoder budget/cache allows per "
-                    f"image ({limit}); raise them or send a smaller image"
+                    f"an {f.modality} needs {f.length} tokens, more than the encoder budget/cache allows "
+                    f"per item ({limit}); raise them or send a smaller {f.modality}"
                 )
         if -(-(request.num_prompt_tokens + 1) // self.block_size) > self.kv.pool.num_blocks:
             raise ValueError(
@@ -119,7 +128,15 @@ class Scheduler:
         return outputs
 
     def has_unfinished_requests(self) -> bool:
-        return bool(self.running or self.waiting)
+        return bool(self.running or self.waiting or self.grammar.compiling)
+
+    def _queue_compiled(self) -> None:
+        """Queue the structured requests whose grammar has compiled; fail those it could not."""
+        for request, error in self.grammar.take_compiled():
+            if error is None:
+                self.waiting.push(request)
+            else:
+                self.fail(request, error)
 
     # ------------------------------------------------------------------ one step
 
@@ -129,6 +146,7 @@ class Scheduler:
         after their longest cached prefix, all under one token budget. Prompt and generated tokens
         are the same kind of thing: there are no prefill and decode phases, and chunked prefill is
         a request receiving fewer tokens than it has left."""
+        self._queue_compiled()
         step = _Step(self.config.max_num_batched_tokens, self.encoder_budget)
         isolated = self.step_recovery.next_isolated()
         if isolated is not None:  # a failed step is being replayed, one request at a time
@@ -232,9 +250,14 @@ class Scheduler:
             free_encoder_mm_hashes=self.encoder_cache_manager.take_freed(),
         )
         self.dropped_req_ids = set()
+        sampling = []
         for request_id, num_tokens in step.num_scheduled_tokens.items():
-            self.requests[request_id].num_computed_tokens += num_tokens
+            request = self.requests[request_id]
+            request.num_computed_tokens += num_tokens
+            if request.num_computed_tokens >= request.num_tokens:
+                sampling.append(request)
         self._runner_has.update(step.num_scheduled_tokens)
+        output.grammar_bitmask = self.grammar.bitmask(sampling)
         return output
 
     def _plan_span(self, request: Request, num_computed: int, step: _Step) -> SpanPlan:
@@ -293,9 +316,11 @@ class Scheduler:
                 continue  # aborted while the step ran
             self.step_recovery.record_progress(request)
             self._release_passed_images(request)
-            if new_tokens:  # none mid-prefill
+            prompt_logprobs = unsent_prompt_logprobs(request, runner_output.prompt_logprobs.get(request_id))
+            if new_tokens or prompt_logprobs:  # no tokens mid-prefill
                 logprobs = runner_output.logprobs.get(request_id)
                 outputs.append(self._append_output_tokens(request, new_tokens, logprobs))
+                outputs[-1].new_prompt_logprobs = prompt_logprobs
         return EngineCoreOutputs(outputs=outputs, stats=self.stats())
 
     def _append_output_tokens(
@@ -303,10 +328,17 @@ class Scheduler:
     ) -> EngineCoreOutput:
         """Append tokens up to the first that stops the request (which finishes it)."""
         accepted = []
+        error = None
         for token in new_tokens:
             request.append_output_token(token)
             accepted.append(token)
-            status = self._check_stop(request, token)
+            if not self.grammar.accept(request, token):
+                error = f"token {token} does not continue the request's structured output grammar"
+                self._finish(request, RequestStatus.FINISHED_ERROR)
+                break
+            status = check_stop(request, token, self.max_model_len)
+            if status is None and self.grammar.is_terminated(request):
+                status = RequestStatus.FINISHED_STOPPED
             if status is not None:
                 self._finish(request, status)
                 break
@@ -314,6 +346,7 @@ class Scheduler:
             request.request_id,
             accepted,
             finish_reason=request.status.finish_reason,
+            error=error,
             stop_reason=request.stop_reason,
             new_logprobs=(
                 Logprobs(logprobs.token_ids, logprobs.logprobs, logprobs.sampled_ranks) if logprobs else None
@@ -329,18 +362,6 @@ class Scheduler:
         """Undo a step whose model run raised, after `schedule` returned `scheduler_output`; the
         contract is in step_recovery.py."""
         self.step_recovery.recover(scheduler_output, message)
-
-    def _check_stop(self, request: Request, token: int) -> RequestStatus | None:
-        params = request.sampling_params
-        if request.num_output_tokens >= params.min_tokens and token in params.all_stop_token_ids:
-            if token in params.stop_token_ids:
-                request.stop_reason = token
-            return RequestStatus.FINISHED_STOPPED
-        if params.max_tokens is not None and request.num_output_tokens >= params.max_tokens:
-            return RequestStatus.FINISHED_LENGTH_CAPPED
-        if request.num_tokens >= self.max_model_len:
-            return RequestStatus.FINISHED_LENGTH_CAPPED
-        return None
 
     def _release_passed_images(self, request: Request) -> None:
         """Keep references only to images the request is in the middle of. An image repeated later
@@ -365,9 +386,10 @@ class Scheduler:
     def _finish(self, request: Request, status: RequestStatus) -> None:
         request.status = status
         self.step_recovery.forget(request.request_id)
+        was_compiling = self.grammar.discard(request)
         if request in self.running:
             self.running.remove(request)
-        else:
+        elif not was_compiling:
             self.waiting.remove(request)
         self._release_resources(request)
         del self.requests[request.request_id]

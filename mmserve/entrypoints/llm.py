@@ -17,6 +17,7 @@ from mmserve.frontend.core_client import InprocCoreClient
 from mmserve.frontend.factory import build_frontend
 from mmserve.frontend.input_processor import ProcessedPrompt
 from mmserve.frontend.media import MediaLoader
+from mmserve.frontend.params import prepare_params, truncate_prompt
 from mmserve.frontend.tokenizer import Tokenizer
 from mmserve.outputs import RequestOutput
 from mmserve.protocol import SchedulerStats
@@ -77,11 +78,15 @@ class LLM:
         messages: list[dict] | list[list[dict]],
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
         chat_template_kwargs: dict | None = None,
+        mm_processor_kwargs: dict | None = None,
     ) -> list[RequestOutput]:
-        """One conversation (a list of OpenAI-style messages) or a list of conversations."""
+        """One conversation (a list of OpenAI-style messages) or a list of conversations.
+        `mm_processor_kwargs` ({"num_frames": N} or {"fps": F}) samples their videos."""
         conversations = messages if messages and isinstance(messages[0], list) else [messages]
         kwargs = chat_template_kwargs or {}
-        prompts = [self._inputs.chat(conversation, **kwargs) for conversation in conversations]
+        prompts = [
+            self._inputs.chat(conversation, mm_processor_kwargs, **kwargs) for conversation in conversations
+        ]
         return self._run(prompts, sampling_params)
 
     def stats(self) -> SchedulerStats:
@@ -109,12 +114,11 @@ class LLM:
         finished: dict[str, RequestOutput] = {}
         while len(finished) < len(request_ids):
             engine_outputs = self._client.get_output()
-            snapshots, to_abort = self._outputs.process_outputs(engine_outputs.outputs)
+            results, to_abort = self._outputs.process_outputs(engine_outputs.outputs)
             if to_abort:
                 self._client.abort_requests(to_abort)
-            for snapshot in snapshots:
-                if snapshot.finished:
-                    finished[snapshot.request_id] = snapshot
+            for result in results:  # RequestOutputKind.FINAL_ONLY: each is a finished request
+                finished[result.request_id] = result
         return [finished[request_id] for request_id in request_ids]
 
     def _params_per_prompt(
@@ -132,7 +136,8 @@ class LLM:
     def _submit(self, prompt: ProcessedPrompt, params: SamplingParams) -> str:
         """Hand one prompt to the engine (n > 1 fans out into n engine requests); its request id."""
         request_id = str(next(self._ids))
-        params = with_model_defaults(params, self._default_params)
+        params = prepare_params(with_model_defaults(params, self._default_params), self.tokenizer)
+        prompt = truncate_prompt(prompt, params.truncate_prompt_tokens)
         for engine_id, child in self._outputs.add_request(
             request_id, prompt.prompt, prompt.token_ids, params
         ):

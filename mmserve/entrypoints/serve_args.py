@@ -14,7 +14,7 @@ import re
 from pathlib import Path
 
 from mmserve import envs
-from mmserve.config import SCHEDULING_POLICIES, EngineArgs, ServerConfig, field_default
+from mmserve.config import ATTENTION_BACKENDS, SCHEDULING_POLICIES, EngineArgs, ServerConfig, field_default
 
 _UNITS = {"": 1, "b": 1, "k": 1e3, "kb": 1e3, "kib": 1024, "m": 1e6, "mb": 1e6, "mib": 1 << 20}
 _UNITS |= {"g": 1e9, "gb": 1e9, "gib": 1 << 30, "t": 1e12, "tb": 1e12, "tib": 1 << 40}
@@ -26,6 +26,11 @@ def parse_bytes(text: str) -> int:
     if not match or match.group(2).lower() not in _UNITS:
         raise argparse.ArgumentTypeError(f"not a size: {text!r} (e.g. 2GiB, 512MiB, 1000000)")
     return int(float(match.group(1)) * _UNITS[match.group(2).lower()])
+
+
+def parse_kv_cache_memory(text: str) -> int | None:
+    """'auto' → None (sized from free memory); otherwise a size like parse_bytes."""
+    return None if text.strip().lower() == "auto" else parse_bytes(text)
 
 
 def format_bytes(num_bytes: int) -> str:
@@ -47,6 +52,20 @@ def parse_limit_mm(text: str) -> dict[str, int]:
         isinstance(count, int) and count >= 0 for count in value.values()
     ):
         raise argparse.ArgumentTypeError("--limit-mm-per-prompt maps modality names to counts ≥ 0")
+    return value
+
+
+def parse_media_io_kwargs(text: str) -> dict[str, dict]:
+    """--media-io-kwargs '{"video": {"num_frames": 16}}' (or {"fps": 2}), as vLLM names it."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError:
+        raise argparse.ArgumentTypeError(
+            f'--media-io-kwargs takes JSON like \'{{"video": {{"num_frames": 16}}}}\', got {text!r}'
+        ) from None
+    video = value.get("video", {}) if isinstance(value, dict) else None
+    if set(value or {}) - {"video"} or not isinstance(video, dict) or set(video) - {"num_frames", "fps"}:
+        raise argparse.ArgumentTypeError('--media-io-kwargs sets {"video": {"num_frames": N} or {"fps": F}}')
     return value
 
 
@@ -216,13 +235,35 @@ def _add_scheduler_arguments(group: argparse._ArgumentGroup) -> None:
     )
     _engine_flag(group, "seed", "Seed of the engine's random state (default %(default)s).", type=int)
     _engine_flag(group, "device", "cpu or cuda (default: cuda when there is one).")
+    _engine_flag(
+        group,
+        "attention_backend",
+        "Kernels: auto (the C++ kernels on CPU, Triton on CUDA), torch (the reference), cpu, triton "
+        "(default %(default)s).",
+        choices=ATTENTION_BACKENDS,
+    )
+    _engine_flag(
+        group,
+        "num_threads",
+        "The engine's CPU threads (default: MMSERVE_NUM_THREADS, else every core this process may use).",
+        type=int,
+    )
 
 
 def _add_cache_arguments(group: argparse._ArgumentGroup) -> None:
     _engine_flag(group, "block_size", "Tokens per KV cache block (default %(default)s).", type=int)
-    kv_cache_memory = format_bytes(field_default(EngineArgs, "kv_cache_memory"))
     _engine_flag(
-        group, "kv_cache_memory", f"KV cache size, e.g. 2GiB (default {kv_cache_memory}).", type=parse_bytes
+        group,
+        "kv_cache_memory",
+        "KV cache size, e.g. 2GiB, or auto: from the memory free after loading the model (default auto).",
+        type=parse_kv_cache_memory,
+    )
+    _engine_flag(
+        group,
+        "memory_utilization",
+        "With --kv-cache-memory auto: on CPU the fraction of free memory the KV cache may take; on "
+        "CUDA the fraction of the device the engine may fill (default %(default)s).",
+        type=float,
     )
     _engine_flag(group, "num_kv_blocks", "KV cache size in blocks; overrides --kv-cache-memory.", type=int)
     _engine_flag(
@@ -238,8 +279,16 @@ def _add_multimodal_arguments(group: argparse._ArgumentGroup) -> None:
     _engine_flag(
         group,
         "limit_mm_per_prompt",
-        f"""JSON, e.g. '{{"image": 4}}' (default '{limit}').""",
+        f"""JSON, e.g. '{{"image": 4, "video": 1}}' (default '{limit}'; videos 1 where unnamed).""",
         type=parse_limit_mm,
+    )
+    _engine_flag(
+        group,
+        "media_io_kwargs",
+        """JSON, how videos are sampled unless a request's mm_processor_kwargs says otherwise: """
+        """'{"video": {"num_frames": 16}}' or '{"video": {"fps": 2}}' (default: the model's video """
+        """processor's fps where it samples, else 32 frames).""",
+        type=parse_media_io_kwargs,
     )
     _engine_flag(
         group,

@@ -1,8 +1,9 @@
 """The serving frontend's engine handle: submit a prompt, stream RequestOutputs, abort.
 
 One background task reads EngineCore's outputs, detokenises them (OutputProcessor) and hands
-each request its snapshots through its own queue, so the API handlers only await queues. If
-EngineCore dies, every open request gets EngineDeadError and `on_engine_dead` is called once.
+each request its deltas (RequestOutputKind.DELTA) through its own queue, so the API handlers
+only await queues. If EngineCore dies, every open request gets EngineDeadError and
+`on_engine_dead` is called once.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from mmserve.config import EngineConfig
 from mmserve.frontend.core_client import EngineDeadError, MPCoreClient
 from mmserve.frontend.input_processor import ProcessedPrompt
 from mmserve.frontend.output_processor import OutputProcessor
-from mmserve.outputs import RequestOutput
+from mmserve.outputs import RequestOutput, RequestOutputKind
 from mmserve.protocol import SchedulerStats
 from mmserve.sampling_params import SamplingParams
 
@@ -95,14 +96,17 @@ class AsyncLLM:
         priority: int = 0,
         reservation: Reservation | None = None,
     ) -> AsyncIterator[RequestOutput]:
-        """Snapshots of the request as it progresses; the last one has `finished` set. Leaving the
-        iteration early (client gone, task cancelled) aborts the request in the engine."""
+        """Deltas of the request as it progresses (what is new for each choice; see
+        RequestOutputKind.DELTA); the last one has `finished` set. Leaving the iteration early
+        (client gone, task cancelled) aborts the request in the engine."""
         if self.dead:
             raise EngineDeadError("the engine is not running")
         if self._refusal is not None:
             raise self._refusal
         queue: asyncio.Queue = asyncio.Queue()
-        children = self.outputs.add_request(request_id, prompt.prompt, prompt.token_ids, params)
+        children = self.outputs.add_request(
+            request_id, prompt.prompt, prompt.token_ids, params, RequestOutputKind.DELTA
+        )
         self._queues[request_id] = queue
         if reservation is not None:
             reservation.take_one()
@@ -142,17 +146,17 @@ class AsyncLLM:
                     if not self.client.is_alive():
                         raise EngineDeadError(f"EngineCore died (exit code {self.client.process.exitcode})")
                     continue
-                snapshots, to_abort = self.outputs.process_outputs(engine_outputs.outputs)
+                deltas, to_abort = self.outputs.process_outputs(engine_outputs.outputs)
                 if to_abort:
                     await self.client.abort_requests(to_abort)
                 if engine_outputs.stats is not None:
                     self.latest_stats = engine_outputs.stats
-                for snapshot in snapshots:
-                    queue = self._queues.get(snapshot.request_id)
+                for delta in deltas:
+                    queue = self._queues.get(delta.request_id)
                     if queue is not None:
-                        queue.put_nowait(snapshot)
+                        queue.put_nowait(delta)
                 if self._on_outputs is not None:
-                    self._on_outputs(snapshots, engine_outputs.stats)
+                    self._on_outputs(deltas, engine_outputs.stats)
         except asyncio.CancelledError:
             raise
         except Exception as e:

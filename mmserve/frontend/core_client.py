@@ -4,6 +4,7 @@ with the same methods."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import multiprocessing
 import os
 import shutil
@@ -21,6 +22,8 @@ from mmserve.protocol import EngineCoreOutputs, EngineRequest
 
 if TYPE_CHECKING:
     from mmserve.core.engine_core import EngineCore
+
+logger = logging.getLogger("mmserve.frontend")
 
 
 class InprocCoreClient:
@@ -82,12 +85,25 @@ class MPCoreClient:
                 kind, info = await self._from_engine.recv_multipart()
                 if kind == protocol.READY:
                     self.num_blocks = int(info)
+                    self._log_capacity()
                     return
                 raise RuntimeError(f"EngineCore failed to start: {info.decode()}")
             if not self.process.is_alive():
                 raise RuntimeError(f"EngineCore exited during start-up (exit code {self.process.exitcode})")
             if asyncio.get_running_loop().time() > deadline:
                 raise RuntimeError(f"EngineCore did not start within {timeout_s:.0f} s")
+
+    def _log_capacity(self) -> None:
+        block_size, max_model_len = self.config.cache.block_size, self.config.model.max_model_len
+        num_tokens = self.num_blocks * block_size
+        logger.info(
+            "KV cache: %d blocks of %d tokens (%d tokens); max concurrency %.2f requests of %d tokens",
+            self.num_blocks,
+            block_size,
+            num_tokens,
+            num_tokens / max_model_len,
+            max_model_len,
+        )
 
     def is_alive(self) -> bool:
         return self.process is not None and self.process.is_alive()

@@ -15,8 +15,9 @@ from mmserve.frontend.input_processor import InputProcessor
 from mmserve.frontend.media import MediaLoader
 from mmserve.frontend.output_processor import OutputProcessor
 from mmserve.frontend.tokenizer import Tokenizer
+from mmserve.frontend.video_inputs import VIDEO_PAD, VideoSupport, VideoTokens, parse_sampling
 from mmserve.sampling_params import SamplingParams
-from preprocess import PreprocessPool, ProcessorSettings
+from preprocess import PreprocessPool, ProcessorSettings, VideoSettings
 
 
 @dataclass
@@ -33,15 +34,21 @@ class Frontend:
         self.pool.close()
 
 
-def default_sampling_params(model_dir: Path, *, open_ended: bool) -> SamplingParams:
+def default_sampling_params(
+    model_dir: Path, *, open_ended: bool, eos_token_ids: tuple[int, ...] = ()
+) -> SamplingParams:
     """SamplingParams with the model's generation_config.json defaults and EOS ids applied.
 
+    `eos_token_ids` are the model's (ModelConfig's: generation_config.json's, else
+    config.json's), so a folder without generation_config.json still stops at EOS.
     Where the file sets no max_new_tokens, `open_ended` lets answers run to the context limit
     (the server's convention, as in vLLM's server); otherwise SamplingParams' own max_tokens
     stays (as vLLM's offline LLM)."""
     params = SamplingParams()
     generation_file = model_dir / "generation_config.json"
     generation = json.loads(generation_file.read_text()) if generation_file.is_file() else {}
+    if generation.get("eos_token_id") is None and eos_token_ids:
+        generation = {**generation, "eos_token_id": list(eos_token_ids)}
     params.update_from_generation_config(generation)
     if open_ended and "max_new_tokens" not in generation:
         params.max_tokens = None
@@ -69,10 +76,33 @@ def build_frontend(
             media,
             config.model.max_model_len,
             config.multimodal.max_images_per_prompt,
+            video_support(config, tokenizer),
             special_tokens_in_content,
         )
-        default_params = default_sampling_params(model_dir, open_ended=open_ended)
+        default_params = default_sampling_params(
+            model_dir, open_ended=open_ended, eos_token_ids=config.model.eos_token_ids
+        )
     except BaseException:
         pool.close()
         raise
     return Frontend(tokenizer, pool, inputs, OutputProcessor(tokenizer), default_params)
+
+
+def video_support(config: EngineConfig, tokenizer: Tokenizer) -> VideoSupport:
+    """The model's video processor (video_preprocessor_config.json, else preprocessor_config.json
+    as transformers falls back), the server's default sampling and the per-prompt limit."""
+    model_dir = config.model.path
+    video_file = model_dir / "video_preprocessor_config.json"
+    if not video_file.is_file():
+        video_file = model_dir / "preprocessor_config.json"
+    settings = VideoSettings.from_hf_config(json.loads(video_file.read_text()), config.model.family)
+    tokens = VideoTokens(
+        family=config.model.family,
+        pad_id=tokenizer.token_to_id(VIDEO_PAD),
+        vision_start_id=config.model.vision_start_token_id,
+        vision_end_id=config.model.vision_end_token_id,
+        temporal_patch_size=settings.temporal_patch_size,
+        encode=tokenizer.encode,
+    )
+    sampling = parse_sampling(config.multimodal.media_io_kwargs.get("video"))
+    return VideoSupport(settings, tokens, config.multimodal.max_videos_per_prompt, sampling)

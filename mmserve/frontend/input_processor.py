@@ -1,8 +1,9 @@
-"""Prompts in, EngineRequest-ready token ids and image features out.
+"""Prompts in, EngineRequest-ready token ids and image / video features out.
 
-Chat messages are validated, their images loaded (data URL, file, http) and preprocessed by the
-pool, the chat template renders one <|image_pad|> per image, and each pad is expanded to the
-image's token count. The image's mm_hash from the pool keys every cache.
+Chat messages are validated, their images and videos loaded (data URL, file, http) and
+preprocessed by the pool, the chat template renders one <|image_pad|> per image and one
+<|video_pad|> per video, and each pad is expanded to its item's tokens (see `video_inputs` for
+a video's). The item's mm_hash from the pool keys every cache.
 """
 
 from __future__ import annotations
@@ -16,12 +17,23 @@ import numpy as np
 from PIL import Image
 
 from mmserve.frontend.media import MediaLoader, RawDataUrl
-from mmserve.frontend.tokenizer import IMAGE_PAD, Tokenizer
+from mmserve.frontend.placeholders import PlaceholderMismatch, expand_placeholders
+from mmserve.frontend.tokenizer import Tokenizer
+from mmserve.frontend.video_inputs import (
+    VideoArgumentError,
+    VideoData,
+    VideoRef,
+    VideoSupport,
+    offline_video,
+    parse_sampling,
+    pool_input,
+)
 from mmserve.protocol import EngineRequest, MultiModalFeature
 from mmserve.sampling_params import SamplingParams
-from preprocess import PreprocessPool, ProcessedImage
+from preprocess import PreprocessPool, ProcessedImage, VideoSource
 
 ImageInput = bytes | Image.Image
+MediaInput = ImageInput | VideoData  # in the prompt's order
 
 ROLES = ("system", "user", "assistant", "tool")
 
@@ -55,12 +67,12 @@ class ProcessedPrompt:
 
 
 def parse_messages(
-    messages: list[dict], loader: MediaLoader, max_images: int | None = None
-) -> tuple[list[dict], list[ImageInput]]:
-    """Validate OpenAI-style messages → (messages for the template, image inputs in order).
+    messages: list[dict], loader: MediaLoader, max_images: int | None = None, max_videos: int | None = None
+) -> tuple[list[dict], list[MediaInput]]:
+    """Validate OpenAI-style messages → (messages for the template, image / video inputs in order).
 
-    Every message is checked, and the image count against `max_images`, before any image is
-    loaded: a request over the limit costs no file read or fetch."""
+    Every message is checked, and the image and video counts against their limits, before any
+    item is loaded: a request over a limit costs no file read or fetch."""
     if not isinstance(messages, list) or not messages:
         raise PromptError("messages must be a non-empty list", "messages")
     template_messages, refs = [], []
@@ -75,23 +87,36 @@ def parse_messages(
         content = message.get("content")
         if content is None and role == "assistant":
             content = ""
+        # A template that renders tools reads these beside the content.
+        tool_fields = {key: message[key] for key in ("tool_calls", "tool_call_id", "name") if key in message}
         if isinstance(content, str):
-            template_messages.append({"role": role, "content": content})
+            template_messages.append({"role": role, "content": content, **tool_fields})
             continue
         if not isinstance(content, list):
             raise PromptError(f"messages[{i}].content must be a string or a list of parts", "messages")
         parts = []
         for j, part in enumerate(content):
             parts.append(_parse_part(part, f"messages[{i}].content[{j}]", refs))
-        template_messages.append({"role": role, "content": parts})
-    if max_images is not None and len(refs) > max_images:
-        raise PromptError(f"at most {max_images} images are allowed per prompt, got {len(refs)}", "messages")
-    images = [loader.load(ref) if isinstance(ref, str | RawDataUrl) else ref for ref in refs]
-    return template_messages, images
+        template_messages.append({"role": role, "content": parts, **tool_fields})
+    num_videos = sum(isinstance(ref, VideoRef) for ref in refs)
+    if max_images is not None and len(refs) - num_videos > max_images:
+        raise PromptError(
+            f"at most {max_images} images are allowed per prompt, got {len(refs) - num_videos}", "messages"
+        )
+    if max_videos is not None and num_videos > max_videos:
+        raise PromptError(f"at most {max_videos} videos are allowed per prompt, got {num_videos}", "messages")
+    return template_messages, [_load(ref, loader) for ref in refs]
 
 
-def _parse_part(part, where: str, refs: list[str | RawDataUrl | Image.Image]) -> dict:
-    """One content part → its template form; an image's URL (or PIL image) goes to `refs`."""
+def _load(ref: str | RawDataUrl | Image.Image | VideoRef, loader: MediaLoader) -> MediaInput:
+    if isinstance(ref, VideoRef):
+        return VideoData(data=loader.load_video(ref.url))
+    return loader.load(ref) if isinstance(ref, str | RawDataUrl) else ref
+
+
+def _parse_part(part, where: str, refs: list[str | RawDataUrl | Image.Image | VideoRef]) -> dict:
+    """One content part → its template form; an image's URL (or PIL image) or a video's URL
+    goes to `refs`."""
     if not isinstance(part, dict):
         raise PromptError(f"{where} must be an object", "messages")
     kind = part.get("type")
@@ -109,13 +134,35 @@ def _parse_part(part, where: str, refs: list[str | RawDataUrl | Image.Image]) ->
     if kind == "image" and isinstance(part.get("image"), Image.Image):
         refs.append(part["image"])
         return {"type": "image"}
-    raise PromptError(f"{where}.type {_short(kind)} is not supported (use 'text' or 'image_url')", "messages")
+    if kind == "video_url":
+        ref = part.get("video_url")
+        url = ref.get("url") if isinstance(ref, dict) else ref
+        if not isinstance(url, str | RawDataUrl):
+            raise PromptError(f"{where}.video_url.url must be a string", "messages")
+        refs.append(VideoRef(url))
+        return {"type": "video"}
+    raise PromptError(
+        f"{where}.type {_short(kind)} is not supported (use 'text', 'image_url' or 'video_url')", "messages"
+    )
 
 
 def _short(value: object, limit: int = 64) -> str:
     """repr of a client value for an error message, cut short: errors never echo megabytes."""
     text = repr(value)
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _as_list(value) -> list:
+    return value if isinstance(value, list) else [value]
+
+
+def _videos_of(data: dict) -> list:
+    """`multi_modal_data["video"]`: one video (frames, or a (frames, metadata) pair) or a list
+    of them; a list of PIL images is one video's frames."""
+    videos = data.get("video", [])
+    if isinstance(videos, list) and videos and isinstance(videos[0], Image.Image):
+        return [videos]
+    return _as_list(videos)
 
 
 def as_pool_input(image: ImageInput) -> bytes | Image.Image:
@@ -134,6 +181,7 @@ class InputProcessor:
         loader: MediaLoader,
         max_model_len: int,
         image_limit: int,
+        videos: VideoSupport | None = None,
         special_tokens_in_content: bool = False,
     ) -> None:
         self.tokenizer = tokenizer
@@ -141,6 +189,8 @@ class InputProcessor:
         self.loader = loader
         self.max_model_len = max_model_len
         self.image_limit = image_limit
+        self.videos = videos  # None: the model folder has no video processor; videos are refused
+        self.video_limit = videos.limit if videos else 0
         # False: special-token text in messages is plain text (see special_text.py).
         self.special_tokens_in_content = special_tokens_in_content
         # The longest token's text (byte-level BPE shows one character per byte): a bound on how
@@ -148,46 +198,77 @@ class InputProcessor:
         self.max_token_chars = max(1, max(len(tokenizer.id_to_token(i)) for i in range(tokenizer.vocab_size)))
 
     # Each entry point has a blocking and an asyncio form; they differ only in how images
-    # reach the pool.
+    # reach the pool. `mm_processor_kwargs` ({"num_frames": N} or {"fps": F}) samples this
+    # request's videos instead of the server's default.
 
-    def chat(self, messages: list[dict], **template_kwargs) -> ProcessedPrompt:
-        text, token_ids, images = self._chat_tokens(messages, template_kwargs)
-        return self._build(text, token_ids, [self.pool.process(im) for im in images])
+    def chat(
+        self, messages: list[dict], mm_processor_kwargs: dict | None = None, **template_kwargs
+    ) -> ProcessedPrompt:
+        text, token_ids, inputs = self._chat_tokens(messages, mm_processor_kwargs, template_kwargs)
+        return self._build(text, token_ids, [self.pool.process(item) for item in inputs])
 
-    async def chat_async(self, messages: list[dict], **template_kwargs) -> ProcessedPrompt:
+    async def chat_async(
+        self, messages: list[dict], mm_processor_kwargs: dict | None = None, **template_kwargs
+    ) -> ProcessedPrompt:
         """`chat` without blocking the loop: validating, loading images, rendering and
-        tokenising run in a thread (their cost grows with the request), then the images are
+        tokenising run in a thread (their cost grows with the request), then the items are
         awaited from the pool and the prompt is assembled in a thread too."""
-        text, token_ids, images = await asyncio.to_thread(self._chat_tokens, messages, template_kwargs)
-        processed = await self._process_all_async(images)  # (over the context: refused before this)
+        text, token_ids, inputs = await asyncio.to_thread(
+            self._chat_tokens, messages, mm_processor_kwargs, template_kwargs
+        )
+        processed = await self._process_all_async(inputs)  # (over the context: refused before this)
         return await asyncio.to_thread(self._build, text, token_ids, processed)
 
-    def _chat_tokens(self, messages: list[dict], template_kwargs: dict) -> tuple[str, list[int], list]:
-        """(prompt text, token ids with one pad per image, image inputs) of a conversation."""
-        template_messages, images = parse_messages(messages, self.loader, self.image_limit)
+    def _chat_tokens(
+        self, messages: list[dict], mm_processor_kwargs: dict | None, template_kwargs: dict
+    ) -> tuple[str, list[int], list]:
+        """(prompt text, token ids with one pad per item, the pool's inputs) of a conversation."""
+        template_messages, items = parse_messages(messages, self.loader, self.image_limit, self.video_limit)
         hidden = None
         if not self.special_tokens_in_content:
             shielded, hidden = self.tokenizer.shield.hide([template_messages, template_kwargs])
             template_messages, template_kwargs = shielded
-        text = self._render(template_messages, images, template_kwargs)
+        text = self._render(template_messages, items, template_kwargs)
+        inputs = self._pool_inputs(items, mm_processor_kwargs)
         if hidden is None:
-            return text, self._encode(text), images
+            return text, self._encode(text), inputs
         shield = self.tokenizer.shield
         revealed = shield.reveal(text, hidden)
-        return revealed, self._encode(revealed, lambda: shield.encode(text, hidden)), images
+        return revealed, self._encode(revealed, lambda: shield.encode(text, hidden)), inputs
 
     def prompt(self, prompt: str | dict) -> ProcessedPrompt:
-        text, token_ids, images = self._parse_prompt(prompt)
-        return self._build(text, token_ids, [self.pool.process(as_pool_input(im)) for im in images])
+        text, token_ids, items = self._parse_prompt(prompt)
+        return self._build(text, token_ids, [self.pool.process(item) for item in self._pool_inputs(items)])
 
     async def prompt_async(self, prompt: str | dict) -> ProcessedPrompt:
         """`prompt` without blocking the loop (tokenising and assembling run in a thread)."""
-        text, token_ids, images = await asyncio.to_thread(self._parse_prompt, prompt)
+        text, token_ids, items = await asyncio.to_thread(self._parse_prompt, prompt)
         self._check_length(len(token_ids))
-        processed = await self._process_all_async([as_pool_input(im) for im in images])
+        processed = await self._process_all_async(self._pool_inputs(items))
         return await asyncio.to_thread(self._build, text, token_ids, processed)
 
-    async def _process_all_async(self, images: list[ImageInput]) -> list[ProcessedImage]:
+    def _pool_inputs(
+        self, items: list[MediaInput], mm_processor_kwargs: dict | None = None
+    ) -> list[bytes | Image.Image | VideoSource]:
+        """What the pool is given for each item; videos sampled per the request or the server."""
+        if not any(isinstance(item, VideoData) for item in items):
+            return [as_pool_input(item) for item in items]
+        if self.videos is None:
+            raise PromptError(
+                "this model folder has no video processor: videos are not supported", "messages"
+            )
+        try:
+            sampling = parse_sampling(mm_processor_kwargs, self.videos.default_sampling)
+        except VideoArgumentError as e:
+            raise PromptError(str(e), "mm_processor_kwargs") from None
+        return [
+            pool_input(item, self.videos.settings, sampling)
+            if isinstance(item, VideoData)
+            else as_pool_input(item)
+            for item in items
+        ]
+
+    async def _process_all_async(self, images: list) -> list[ProcessedImage]:
         results = await asyncio.gather(
             *(self.pool.process_async(im) for im in images), return_exceptions=True
         )
@@ -199,8 +280,8 @@ class InputProcessor:
             raise errors[0]
         return list(results)
 
-    def _render(self, messages: list[dict], images: list, template_kwargs: dict) -> str:
-        self._check_image_count(len(images))
+    def _render(self, messages: list[dict], items: list, template_kwargs: dict) -> str:
+        self._check_counts(items)
         template_kwargs = dict(template_kwargs)
         add_generation_prompt = template_kwargs.pop("add_generation_prompt", True)
         try:
@@ -214,26 +295,36 @@ class InputProcessor:
             message = f"chat template error with chat_template_kwargs: {e}"
             raise PromptError(message, "chat_template_kwargs") from None
 
-    def _check_image_count(self, count: int) -> None:
-        if count > self.image_limit:
-            raise PromptError(
-                f"at most {self.image_limit} images are allowed per prompt, got {count}", "messages"
-            )
+    def _check_counts(self, items: list) -> None:
+        num_videos = sum(isinstance(item, VideoData) for item in items)
+        for what, count, limit in (
+            ("images", len(items) - num_videos, self.image_limit),
+            ("videos", num_videos, self.video_limit),
+        ):
+            if count > limit:
+                raise PromptError(f"at most {limit} {what} are allowed per prompt, got {count}", "messages")
 
     def _parse_prompt(self, prompt: str | dict) -> tuple[str | None, list[int], list]:
         if isinstance(prompt, str):
             return prompt, self._encode(prompt), []
         if not isinstance(prompt, dict):
             raise PromptError("a prompt is a string or a dict with 'prompt' or 'prompt_token_ids'", "prompt")
-        images = (prompt.get("multi_modal_data") or {}).get("image", [])
-        images = images if isinstance(images, list) else [images]
-        self._check_image_count(len(images))
+        data = prompt.get("multi_modal_data") or {}
+        items = _as_list(data.get("image", [])) + [self._offline_video(v) for v in _videos_of(data)]
+        self._check_counts(items)
         if "prompt_token_ids" in prompt:
-            return None, self._check_token_ids(prompt["prompt_token_ids"]), images
+            return None, self._check_token_ids(prompt["prompt_token_ids"]), items
         text = prompt.get("prompt")
         if not isinstance(text, str):
             raise PromptError("prompt must be a string", "prompt")
-        return text, self._encode(text), images
+        return text, self._encode(text), items
+
+    @staticmethod
+    def _offline_video(item) -> VideoData:
+        try:
+            return offline_video(item)
+        except VideoArgumentError as e:
+            raise PromptError(str(e), "multi_modal_data") from None
 
     def _check_token_ids(self, token_ids) -> list[int]:
         """Client token ids, each an int in the vocabulary: an id outside it would fail inside
@@ -251,36 +342,16 @@ class InputProcessor:
     def _build(
         self, text: str | None, token_ids: list[int], processed: list[ProcessedImage]
     ) -> ProcessedPrompt:
-        """Expand each <|image_pad|> to its image's token count; copy pixels out of shared memory."""
+        """Expand each placeholder to its item's tokens; copy pixels out of shared memory."""
         try:
-            pad = self.tokenizer.image_pad_id
-            pad_positions = [i for i, t in enumerate(token_ids) if t == pad]
-            if len(pad_positions) != len(processed):
-                raise PromptError(
-                    f"the prompt has {len(pad_positions)} {IMAGE_PAD} placeholders "
-                    f"for {len(processed)} images",
-                    "prompt",
-                )
-            expanded: list[int] = []
-            features: list[MultiModalFeature] = []
-            previous = 0
-            for position, image in zip(pad_positions, processed):
-                expanded.extend(token_ids[previous:position])
-                features.append(
-                    MultiModalFeature(
-                        image.mm_hash,
-                        len(expanded),
-                        image.num_tokens,
-                        tuple(image.grid_thw),
-                        np.array(image.pixel_values),
-                    )
-                )
-                expanded.extend([pad] * image.num_tokens)
-                previous = position + 1
-            expanded.extend(token_ids[previous:])
+            expanded, features = expand_placeholders(
+                token_ids, processed, self.tokenizer.image_pad_id, self.videos.tokens if self.videos else None
+            )
+        except PlaceholderMismatch as e:
+            raise PromptError(str(e), "prompt") from None
         finally:
-            for image in processed:
-                image.release()
+            for item in processed:
+                item.release()
         self._check_length(len(expanded))
         return ProcessedPrompt(text, expanded, features)
 

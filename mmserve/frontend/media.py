@@ -1,4 +1,5 @@
-"""Turning an `image_url` into bytes: data URLs, allowed local files, allowed http(s) hosts.
+"""Turning an `image_url` or a `video_url` into bytes: data URLs, allowed local files, allowed
+http(s) hosts.
 
 Everything a client controls is checked here before any byte is read: the URL scheme, base64
 validity, that a local path stays under the allowed root after resolving symlinks, and sizes.
@@ -36,18 +37,23 @@ class RawDataUrl:
         return f"<a data URL of {len(self.data):,} bytes>"
 
 
+IMAGE_MEDIA_TYPES = ("image/",)
+VIDEO_MEDIA_TYPES = ("video/", "image/gif")
 _MAX_DATA_URL_HEADER = 256
 
 
-def decode_data_url(url: str | RawDataUrl, max_bytes: int) -> bytes:
+def decode_data_url(
+    url: str | RawDataUrl, max_bytes: int, media_types: tuple[str, ...] = IMAGE_MEDIA_TYPES
+) -> bytes:
     header, sep, payload = _split_data_url(url)
     if not sep:
         raise MediaError("malformed data URL: no ',' separating the header from the data")
     if not header.startswith("data:") or not header.endswith(";base64"):
-        raise MediaError("data URLs must look like data:image/<type>;base64,<data>")
+        raise MediaError(f"data URLs must look like data:{media_types[0]}<type>;base64,<data>")
     media_type = header[len("data:") : -len(";base64")]
-    if media_type and not media_type.startswith("image/"):
-        raise MediaError(f"data URL media type {media_type!r} is not an image")
+    if media_type and not media_type.startswith(media_types):
+        kind = "a video" if media_types == VIDEO_MEDIA_TYPES else "an image"
+        raise MediaError(f"data URL media type {media_type!r} is not {kind}")
     if len(payload) > max_bytes * 4 // 3 + 4:
         raise MediaError(f"image data exceeds the {max_bytes} byte limit")
     return _b64decode_in_pieces(payload)
@@ -121,29 +127,38 @@ class MediaLoader:
         allowed_media_domains: list[str] | None = None,
         max_image_bytes: int = 20 << 20,
         fetch_timeout_s: float = 10.0,
+        max_video_bytes: int = 48 << 20,
     ) -> None:
         self.allowed_root = Path(allowed_local_media_path) if allowed_local_media_path else None
         self.allowed_domains = [d.lower() for d in allowed_media_domains or []]
         self.max_image_bytes = max_image_bytes
+        self.max_video_bytes = max_video_bytes
         self.fetch_timeout_s = fetch_timeout_s
 
     def load(self, url: str | RawDataUrl) -> bytes:
         """Bytes of the image behind `url`; raises MediaError with a client-facing message."""
-        if isinstance(url, RawDataUrl):
-            return decode_data_url(url, self.max_image_bytes)
-        if not isinstance(url, str) or not url:
+        if not isinstance(url, str | RawDataUrl) or not url:
             raise MediaError("image_url.url must be a non-empty string")
-        if url.startswith("data:"):
-            return decode_data_url(url, self.max_image_bytes)
+        return self._load(url, self.max_image_bytes, IMAGE_MEDIA_TYPES)
+
+    def load_video(self, url: str | RawDataUrl) -> bytes:
+        """Bytes of the video behind `url` (the same sources as images, a larger size limit)."""
+        if not isinstance(url, str | RawDataUrl) or not url:
+            raise MediaError("video_url.url must be a non-empty string")
+        return self._load(url, self.max_video_bytes, VIDEO_MEDIA_TYPES)
+
+    def _load(self, url: str | RawDataUrl, max_bytes: int, media_types: tuple[str, ...]) -> bytes:
+        if isinstance(url, RawDataUrl) or url.startswith("data:"):
+            return decode_data_url(url, max_bytes, media_types)
         parsed = urlparse(url)
         if parsed.scheme == "file":
             if parsed.netloc not in ("", "localhost"):
                 raise MediaError("file:// URLs must not name a host")
-            return read_local_file(parsed.path, self.allowed_root, self.max_image_bytes)
+            return read_local_file(parsed.path, self.allowed_root, max_bytes)
         if parsed.scheme in ("http", "https"):
             from mmserve.frontend.http_fetch import fetch_image
 
-            return fetch_image(url, self.allowed_domains, self.max_image_bytes, self.fetch_timeout_s)
+            return fetch_image(url, self.allowed_domains, max_bytes, self.fetch_timeout_s)
         if parsed.scheme == "" and url.startswith("/"):
-            return read_local_file(url, self.allowed_root, self.max_image_bytes)
+            return read_local_file(url, self.allowed_root, max_bytes)
         raise MediaError(f"unsupported image URL scheme {parsed.scheme or url[:16]!r}")

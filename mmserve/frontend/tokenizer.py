@@ -53,6 +53,7 @@ class Tokenizer:
         env.globals["raise_exception"] = _raise_exception
         env.filters["tojson"] = lambda v, indent=None: json.dumps(v, indent=indent, ensure_ascii=False)
         self._template = env.from_string(template) if template else None
+        self._template_source = template or ""
 
     def token_to_id(self, token: str) -> int:
         token_id = self._tok.token_to_id(token)
@@ -73,6 +74,10 @@ class Tokenizer:
 
     def decode_stream(self, skip_special_tokens: bool = True) -> IncrementalDetokenizer:
         return IncrementalDetokenizer(self._tok, skip_special_tokens)
+
+    def chat_template_mentions(self, name: str) -> bool:
+        """Whether the chat template's source uses `name` (e.g. "tools": it renders tools itself)."""
+        return name in self._template_source
 
     def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True, **kwargs) -> str:
         if self._template is None:

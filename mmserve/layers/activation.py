@@ -6,6 +6,9 @@ from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
+from torch import nn
+
+from mmserve.layers.kernel_user import UsesKernels
 
 
 def quick_gelu(x: torch.Tensor) -> torch.Tensor:
@@ -30,7 +33,8 @@ def get_activation(name: str) -> Callable[[torch.Tensor], torch.Tensor]:
     return ACTIVATIONS[name]
 
 
-def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
-    """SwiGLU on a fused [.., 2 * d] gate/up projection → [.., d]."""
-    gate, up = gate_up.chunk(2, dim=-1)
-    return F.silu(gate) * up
+class SiluAndMul(UsesKernels, nn.Module):
+    """SwiGLU on a fused [T, 2 * d] gate/up projection → [T, d]."""
+
+    def forward(self, gate_up: torch.Tensor) -> torch.Tensor:
+        return self.kernels.silu_and_mul(gate_up)

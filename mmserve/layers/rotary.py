@@ -14,6 +14,8 @@ import numpy as np
 import torch
 from torch import nn
 
+from mmserve.layers.kernel_user import UsesKernels
+
 
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
     half = x.shape[-1] // 2
@@ -25,7 +27,7 @@ def inverse_frequencies(dim: int, theta: float) -> torch.Tensor:
     return 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim))
 
 
-class MRotaryEmbedding(nn.Module):
+class MRotaryEmbedding(UsesKernels, nn.Module):
     """Applies M-RoPE to queries and keys given [3, num_tokens] positions.
 
     cos/sin per position are cached up to `max_positions`; the cached values are computed exactly
@@ -50,42 +52,53 @@ class MRotaryEmbedding(nn.Module):
         )
         self.register_buffer("section_of_channel", section_of_channel, persistent=False)
 
-    def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """positions: [3, T] int64 → cos, sin: [T, 1, head_dim] in `dtype` (broadcast over heads)."""
-        if positions.numel() and int(positions.max()) >= self.cos_cache.shape[0]:
-            raise ValueError(
-                f"position {int(positions.max())} beyond the rotary cache ({self.cos_cache.shape[0]})"
-            )
-        channels = torch.arange(self.head_dim // 2, device=positions.device)
-        # per token and channel, the position from the row that drives that channel: [T, head_dim/2]
-        pos = positions[self.section_of_channel, :].T
-        cos = self.cos_cache[pos, channels]
-        sin = self.sin_cache[pos, channels]
-        cos = torch.cat((cos, cos), dim=-1).to(dtype)[:, None, :]
-        sin = torch.cat((sin, sin), dim=-1).to(dtype)[:, None, :]
-        return cos, sin
-
     def forward(
         self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """q: [T, H, D], k: [T, KVH, D] → rotated q, k (same shapes and dtype)."""
-        cos, sin = self.cos_sin(positions, q.dtype)
-        return q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
+        """q: [T, H, D], k: [T, KVH, D] → rotated q, k (same shapes and dtype; possibly the same
+        tensors, rotated in place). Positions must be below `max_positions` (the runner's are:
+        they never exceed the token index, and the table covers the model length)."""
+        return self.kernels.mrope(q, k, positions, self.cos_cache, self.sin_cache, self.section_of_channel)
+
+
+def interleaved_sections(mrope_section: Sequence[int]) -> torch.Tensor:
+    """Which position row (0 = t, 1 = h, 2 = w) drives each of the head_dim / 2 frequency channels:
+    channel c follows h when c ≡ 1 (mod 3) and c < 3·section_h, w when c ≡ 2 (mod 3) and
+    c < 3·section_w, t otherwise. [head_dim / 2] int64."""
+    channels = torch.arange(sum(mrope_section))
+    rows = torch.zeros_like(channels)
+    for row in (1, 2):
+        rows[(channels % 3 == row) & (channels < 3 * mrope_section[row])] = row
+    return rows
+
+
+class InterleavedMRotaryEmbedding(MRotaryEmbedding):
+    """M-RoPE with Qwen3-VL's interleaved channel layout; everything else as `MRotaryEmbedding`."""
+
+    def __init__(self, head_dim: int, theta: float, mrope_section: Sequence[int], max_positions: int) -> None:
+        super().__init__(head_dim, theta, mrope_section, max_positions)
+        self.section_of_channel.copy_(interleaved_sections(mrope_section))
 
 
 def mrope_input_positions(
-    num_tokens: int, images: Sequence[tuple[int, int, tuple[int, int, int]]], spatial_merge_size: int
+    num_tokens: int,
+    images: Sequence[tuple[int, int, tuple[int, int, int]]],
+    spatial_merge_size: int,
+    time_intervals: Sequence[float] | None = None,
 ) -> tuple[np.ndarray, int]:
     """M-RoPE positions of a prompt and the delta that continues them for generated tokens.
 
     images: (offset of the first placeholder token, number of placeholder tokens, (t, h, w) patch grid)
-    per image, in prompt order. Returns positions [3, num_tokens] int64 and `delta` such that the
-    token at index i ≥ num_tokens has position i + delta in all three rows.
+    per image or video, in prompt order. `time_intervals` (one per item, default 1) spaces the
+    temporal positions of a video: temporal patch i sits at ⌊i · interval⌋ computed in float32,
+    as transformers does for Qwen2.5-VL. Returns positions [3, num_tokens] int64 and `delta`
+    such that the token at index i ≥ num_tokens has position i + delta in all three rows.
     """
     positions = np.empty((3, num_tokens), dtype=np.int64)
     next_pos = 0
     text_start = 0
-    for offset, length, (t, h, w) in images:
+    intervals = time_intervals if time_intervals is not None else [1.0] * len(images)
+    for (offset, length, (t, h, w)), interval in zip(images, intervals, strict=True):
         text_len = offset - text_start
         positions[:, text_start:offset] = next_pos + np.arange(text_len)
         next_pos += text_len
@@ -94,7 +107,8 @@ def mrope_input_positions(
             raise ValueError(
                 f"image at {offset} has {length} placeholder tokens but its grid gives {t * rows * cols}"
             )
-        tt, hh, ww = np.meshgrid(np.arange(t), np.arange(rows), np.arange(cols), indexing="ij")
+        temporal = (np.arange(t, dtype=np.float32) * np.float32(interval)).astype(np.int64)
+        tt, hh, ww = np.meshgrid(temporal, np.arange(rows), np.arange(cols), indexing="ij")
         positions[:, offset : offset + length] = next_pos + np.stack([tt.ravel(), hh.ravel(), ww.ravel()])
         next_pos += max(rows, cols)
         text_start = offset + length

@@ -1,9 +1,10 @@
 """The sampler: one next token per batch row from the last-position logits, vectorised.
 
-Order (vLLM V1): penalties and min_tokens change the logits; greedy rows take their argmax;
-random rows divide by temperature, then apply min_p, top-k, top-p and draw with the exponential
-race, which needs no host synchronisation. Logprobs, when asked for, come from the raw logits.
-The input logits are never modified. Shapes: B = batch rows, V = vocabulary size.
+Order (vLLM V1): penalties and min_tokens change the logits, then the token constraints
+(logit_bias, allowed_token_ids, bad words, the structured-output grammar's bitmask); greedy
+rows take their argmax; random rows divide by temperature, then apply min_p, top-k, top-p and
+draw with the exponential race, which needs no host synchronisation. Logprobs, when asked for,
+come from the raw logits. The input logits are never modified. Shapes: B = batch rows, V = vocabulary size.
 """
 
 from __future__ import annotations
@@ -40,6 +41,17 @@ class SamplingMetadata:
     # row -> (min_tokens, ids forbidden while the row has generated fewer than min_tokens)
     min_tokens: dict[int, tuple[int, set[int]]] = field(default_factory=dict)
     max_num_logprobs: int | None = None  # None: no logprobs; 0: the sampled token's only
+    # Token constraints; None when no row has one (see `apply_token_constraints`).
+    logit_bias: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None  # (rows, ids, bias) [N]
+    allowed_token_mask: torch.Tensor | None = None  # [B, V] bool; all True for unrestricted rows
+    banned_tokens: tuple[torch.Tensor, torch.Tensor] | None = None  # (rows, ids) [N]: bad words
+    grammar_bitmask: torch.Tensor | None = None  # [B, ceil(V / 32)] int32, xgrammar's bit layout
+    grammar_rows: torch.Tensor | None = None  # [G] int64: the rows with a grammar (the others: all -1)
+
+    @property
+    def has_token_constraints(self) -> bool:
+        constraints = (self.logit_bias, self.allowed_token_mask, self.banned_tokens, self.grammar_bitmask)
+        return any(c is not None for c in constraints)
 
     @property
     def has_penalties(self) -> bool:
@@ -67,6 +79,9 @@ class Sampler:
 
     def __call__(self, logits: torch.Tensor, metadata: SamplingMetadata) -> SamplerOutput:
         processed = apply_penalties_and_min_tokens(logits, metadata)
+        if metadata.has_token_constraints:
+            copy = processed is logits
+            processed = apply_token_constraints(processed.to(torch.float32, copy=copy), metadata)
         sampled = sample(processed, metadata)
         logprobs = None
         if metadata.max_num_logprobs is not None:
@@ -135,6 +150,27 @@ def _forbid_stop_tokens(logits: torch.Tensor, metadata: SamplingMetadata) -> Non
     if rows:
         index = torch.tensor([rows, cols], dtype=torch.int64, device=logits.device)
         logits[index[0], index[1]] = -math.inf
+
+
+def apply_token_constraints(logits: torch.Tensor, metadata: SamplingMetadata) -> torch.Tensor:
+    """Add logit_bias, then set to -inf what a row may not sample: tokens outside its
+    allowed_token_ids, the last token of a bad word whose beginning it just wrote, and tokens
+    its grammar forbids now. In place on `logits` ([B, V] float32), which is returned."""
+    if metadata.logit_bias is not None:
+        rows, ids, bias = metadata.logit_bias
+        logits.index_put_((rows, ids), bias, accumulate=True)
+    if metadata.allowed_token_mask is not None:
+        logits.masked_fill_(~metadata.allowed_token_mask, -math.inf)
+    if metadata.banned_tokens is not None:
+        logits[metadata.banned_tokens] = -math.inf
+    if metadata.grammar_bitmask is not None:
+        import xgrammar  # the library whose bitmask layout this is; its kernels (CPU, Triton) apply it
+
+        rows = metadata.grammar_rows.tolist()
+        xgrammar.apply_token_bitmask_inplace(
+            logits, metadata.grammar_bitmask, vocab_size=logits.shape[-1], indices=rows
+        )
+    return logits
 
 
 def sample(logits: torch.Tensor, metadata: SamplingMetadata) -> torch.Tensor:

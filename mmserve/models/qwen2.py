@@ -11,10 +11,10 @@ import torch
 from torch import nn
 
 from mmserve.config import ModelConfig
-from mmserve.layers.activation import silu_and_mul
+from mmserve.layers.activation import SiluAndMul
 from mmserve.layers.attention import AttentionBackend, AttentionMetadata
 from mmserve.layers.norm import RMSNorm
-from mmserve.layers.rotary import MRotaryEmbedding
+from mmserve.layers.rotary import InterleavedMRotaryEmbedding, MRotaryEmbedding
 
 # checkpoint name fragment → (fused parameter fragment, shard index)
 STACKED_PARAMS = {
@@ -34,11 +34,15 @@ class Qwen2Attention(nn.Module):
         self.head_dim = config.head_dim
         self.q_size = self.num_heads * self.head_dim
         self.kv_size = self.num_kv_heads * self.head_dim
-        self.qkv_proj = nn.Linear(config.hidden_size, self.q_size + 2 * self.kv_size, bias=True)
+        self.qkv_proj = nn.Linear(config.hidden_size, self.q_size + 2 * self.kv_size, bias=config.qkv_bias)
         self.o_proj = nn.Linear(self.q_size, config.hidden_size, bias=False)
         self.rotary = rotary
         self.backend = backend
         self.scale = self.head_dim**-0.5
+
+    def normalize_qk(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per-head normalisation before the rotary embedding: none in Qwen2."""
+        return q, k
 
     def forward(
         self,
@@ -52,7 +56,7 @@ class Qwen2Attention(nn.Module):
         q = q.view(num_tokens, self.num_heads, self.head_dim)
         k = k.view(num_tokens, self.num_kv_heads, self.head_dim)
         v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
-        q, k = self.rotary(positions, q, k)
+        q, k = self.rotary(positions, *self.normalize_qk(q, k))
         attn = self.backend.forward(q, k, v, kv_cache, metadata, self.scale)  # [T, H, D]
         return self.o_proj(attn.reshape(num_tokens, self.q_size))
 
@@ -62,36 +66,56 @@ class Qwen2MLP(nn.Module):
         super().__init__()
         self.gate_up_proj = nn.Linear(hidden_size, 2 * intermediate_size, bias=False)
         self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=False)
+        self.act = SiluAndMul()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(silu_and_mul(self.gate_up_proj(x)))
+        return self.down_proj(self.act(self.gate_up_proj(x)))
 
 
 class Qwen2DecoderLayer(nn.Module):
+    attention_class: type[Qwen2Attention] = Qwen2Attention
+
     def __init__(self, config: ModelConfig, rotary: MRotaryEmbedding, backend: AttentionBackend) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.self_attn = Qwen2Attention(config, rotary, backend)
+        self.self_attn = self.attention_class(config, rotary, backend)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = Qwen2MLP(config.hidden_size, config.intermediate_size)
 
-    def forward(self, positions, x, kv_cache, metadata) -> torch.Tensor:
-        x = x + self.self_attn(positions, self.input_layernorm(x), kv_cache, metadata)
-        return x + self.mlp(self.post_attention_layernorm(x))
+    def forward(
+        self,
+        positions: torch.Tensor,  # [3, T]
+        x: torch.Tensor,  # [T, hidden]: the previous layer's output (its MLP's)
+        residual: torch.Tensor | None,  # [T, hidden]: the stream before that output; None first
+        kv_cache: torch.Tensor,
+        metadata: AttentionMetadata,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The pre-norm block x + attn(norm(x)), then + mlp(norm(·)), with each residual add
+        fused into the norm after it: returns (this layer's MLP output, the stream before it)."""
+        if residual is None:
+            residual, x = x, self.input_layernorm(x)
+        else:
+            x, residual = self.input_layernorm(x, residual)
+        x = self.self_attn(positions, x, kv_cache, metadata)
+        x, residual = self.post_attention_layernorm(x, residual)
+        return self.mlp(x), residual
 
 
 class Qwen2Model(nn.Module):
     """Embeddings, decoder layers and the final norm (the checkpoint's `model.*` tensors)."""
 
+    decoder_layer_class: type[Qwen2DecoderLayer] = Qwen2DecoderLayer
+
     def __init__(self, config: ModelConfig, backend: AttentionBackend) -> None:
         super().__init__()
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
         # One rotary table shared by every layer (a submodule of this model, not of the layers).
-        self.rotary = MRotaryEmbedding(
+        rotary_class = InterleavedMRotaryEmbedding if config.mrope_interleaved else MRotaryEmbedding
+        self.rotary = rotary_class(
             config.head_dim, config.rope_theta, config.mrope_section, config.max_model_len + 1
         )
         self.layers = nn.ModuleList(
-            Qwen2DecoderLayer(config, self.rotary, backend) for _ in range(config.num_layers)
+            self.decoder_layer_class(config, self.rotary, backend) for _ in range(config.num_layers)
         )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
@@ -102,10 +126,11 @@ class Qwen2Model(nn.Module):
         kv_caches: list[torch.Tensor],
         metadata: AttentionMetadata,
     ) -> torch.Tensor:
-        x = inputs_embeds
+        x, residual = inputs_embeds, None
         for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
-            x = layer(positions, x, kv_cache, metadata)
-        return self.norm(x)
+            x, residual = layer(positions, x, residual, kv_cache, metadata)
+        x, _ = self.norm(x, residual)
+        return x
 
 
 def load_language_model_weight(

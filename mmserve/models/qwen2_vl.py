@@ -16,7 +16,7 @@ from torch import nn
 from mmserve.config import ModelConfig, VisionConfig
 from mmserve.layers.activation import get_activation
 from mmserve.layers.attention import AttentionBackend, AttentionMetadata
-from mmserve.layers.attention.varlen import varlen_attention
+from mmserve.layers.kernel_user import UsesKernels
 from mmserve.layers.rotary import VisionRotaryEmbedding, apply_vision_rotary, vision_patch_positions
 from mmserve.models.qwen2 import Qwen2Model, load_language_model_weight
 
@@ -37,7 +37,7 @@ class PatchEmbed(nn.Module):
         return F.linear(pixel_values.to(weight.dtype), weight)
 
 
-class VisionAttention(nn.Module):
+class VisionAttention(UsesKernels, nn.Module):
     def __init__(self, dim: int, num_heads: int) -> None:
         super().__init__()
         self.num_heads = num_heads
@@ -51,7 +51,7 @@ class VisionAttention(nn.Module):
         n = x.shape[0]
         q, k, v = self.qkv(x).view(n, 3, self.num_heads, self.head_dim).unbind(1)  # each [N, H, D]
         q, k = apply_vision_rotary(q, cos, sin), apply_vision_rotary(k, cos, sin)
-        out = varlen_attention(q, k, v, cu_seqlens, self.head_dim**-0.5)
+        out = self.kernels.varlen_attention(q, k, v, cu_seqlens, self.head_dim**-0.5)
         return self.proj(out.reshape(n, -1))
 
 
@@ -67,12 +67,14 @@ class VisionMLP(nn.Module):
 
 
 class VisionBlock(nn.Module):
+    mlp_class: type[nn.Module] = VisionMLP
+
     def __init__(self, vision: VisionConfig) -> None:
         super().__init__()
         self.norm1 = nn.LayerNorm(vision.dim, eps=1e-6)
         self.norm2 = nn.LayerNorm(vision.dim, eps=1e-6)
         self.attn = VisionAttention(vision.dim, vision.num_heads)
-        self.mlp = VisionMLP(vision.dim, vision.mlp_dim, vision.hidden_act)
+        self.mlp = self.mlp_class(vision.dim, vision.mlp_dim, vision.hidden_act)
 
     def forward(self, x, cos, sin, cu_seqlens: list[int]) -> torch.Tensor:
         x = x + self.attn(self.norm1(x), cos, sin, cu_seqlens)
@@ -98,7 +100,8 @@ def image_cu_seqlens(grid_thw: Sequence[Grid]) -> list[int]:
     """Each frame of each image attends only within itself."""
     cu = [0]
     for t, h, w in grid_thw:
-        cu.extend(cu[-1] + h * w * (i + 1) for i in range(t))
+        start = cu[-1]  # (read once: extending from a generator that reads cu[-1] would compound)
+        cu.extend(start + h * w * (i + 1) for i in range(t))
     return cu
 
 
@@ -146,13 +149,21 @@ class Qwen2VLForConditionalGeneration(nn.Module):
             self.lm_head.weight = self.model.embed_tokens.weight
 
     def encode_images(self, pixel_values: torch.Tensor, grid_thw: Sequence[Grid]) -> list[torch.Tensor]:
-        """Run the vision tower once over several images → one [num_tokens_i, hidden] tensor each."""
+        """Run the vision tower once over several images or videos → one [num_tokens_i, width]
+        tensor each (width = hidden, or more where the model caches extra features per token)."""
         merged = self.visual(pixel_values, grid_thw)
         unit = self.config.vision.spatial_merge_size**2
         return list(merged.split([t * h * w // unit for t, h, w in grid_thw]))
 
     def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
         return self.model.embed_tokens(input_ids)
+
+    def merge_multimodal_embeddings(
+        self, embeds: torch.Tensor, rows: torch.Tensor, mm_embeds: torch.Tensor
+    ) -> torch.Tensor:
+        """Put vision embeddings [V, hidden] at their placeholder rows [V] of the step's embeds."""
+        embeds[rows] = mm_embeds.to(embeds.dtype)
+        return embeds
 
     def forward(
         self,

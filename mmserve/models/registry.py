@@ -6,12 +6,18 @@ from torch import nn
 
 from mmserve.models.qwen2_5_vl import Qwen2_5_VLForConditionalGeneration
 from mmserve.models.qwen2_vl import Qwen2VLForConditionalGeneration
+from mmserve.models.qwen3_vl import Qwen3VLForConditionalGeneration
 
 MODEL_CLASSES: dict[str, type[nn.Module]] = {
     "Qwen2VLForConditionalGeneration": Qwen2VLForConditionalGeneration,
     "Qwen2_5_VLForConditionalGeneration": Qwen2_5_VLForConditionalGeneration,
+    "Qwen3VLForConditionalGeneration": Qwen3VLForConditionalGeneration,
 }
-_BY_FAMILY = {"qwen2_vl": Qwen2VLForConditionalGeneration, "qwen2_5_vl": Qwen2_5_VLForConditionalGeneration}
+_BY_FAMILY = {
+    "qwen2_vl": Qwen2VLForConditionalGeneration,
+    "qwen2_5_vl": Qwen2_5_VLForConditionalGeneration,
+    "qwen3_vl": Qwen3VLForConditionalGeneration,
+}
 
 
 def model_class(architecture: str, family: str) -> type[nn.Module]:

@@ -59,8 +59,9 @@ def paged_attention(
         k = k.repeat_interleave(num_heads // num_kv_heads, dim=1)  # [s, H, D]
         v = v.repeat_interleave(num_heads // num_kv_heads, dim=1)
         scores = torch.einsum("qhd,khd->hqk", q, k) * scale  # [H, Q, s]
-        query_pos = torch.arange(seq_len - num_queries, seq_len)[:, None]
-        scores.masked_fill_(torch.arange(seq_len)[None, :] > query_pos, float("-inf"))
+        query_pos = torch.arange(seq_len - num_queries, seq_len, device=query.device)[:, None]
+        key_pos = torch.arange(seq_len, device=query.device)[None, :]
+        scores.masked_fill_(key_pos > query_pos, float("-inf"))
         out[starts[r] : starts[r + 1]] = torch.einsum("hqk,khd->qhd", scores.softmax(-1), v).to(out.dtype)
     return out
 

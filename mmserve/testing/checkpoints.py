@@ -1,8 +1,10 @@
-"""Tiny (and mid-size) Qwen2-VL / Qwen2.5-VL checkpoints with random weights, made offline.
+"""Tiny (and mid-size) Qwen2-VL / Qwen2.5-VL / Qwen3-VL checkpoints with random weights, made offline.
 
-Each folder has the Hugging Face hub's layout: config.json (text fields flat at the top level,
-`vision_config` nested, as the Qwen releases ship it), model.safetensors with the hub's tensor
-names, the committed tokenizer with the family's chat template, preprocessor_config.json and
+Each folder has the Hugging Face hub's layout: config.json (for Qwen2-VL and Qwen2.5-VL text
+fields flat at the top level, `vision_config` nested, as those releases ship it; for Qwen3-VL
+transformers 5's nested `text_config` / `vision_config`, see `qwen3_checkpoint`),
+model.safetensors with the checkpoint's tensor names, the committed tokenizer with the family's
+chat template, preprocessor_config.json, video_preprocessor_config.json and
 generation_config.json. transformers and mmserve load the same folder, which is what makes
 token-for-token comparisons possible without downloading anything.
 
@@ -23,10 +25,11 @@ import torch
 from safetensors.torch import save_file
 
 from mmserve import envs
+from mmserve.testing import qwen3_checkpoint as qwen3
 from mmserve.testing import tokenizer as tok
 
-FAMILIES = ("qwen2_vl", "qwen2_5_vl")
-GENERATOR_VERSION = 1  # bump when the weights or files written here change
+FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")
+GENERATOR_VERSION = 2  # bump when the weights or files written here change
 
 
 @dataclass(frozen=True)
@@ -46,6 +49,7 @@ class Preset:
     min_pixels: int = 56 * 56
     vocab_size: int = 12032  # > len(tokenizer), as in Qwen2 (logits are sized from this)
     max_position_embeddings: int = 4096
+    max_video_frame_tokens: int = 64  # a video frame's token cap (Qwen3-VL: × 16 frames, per clip)
 
 
 PRESETS: dict[str, Preset] = {
@@ -89,14 +93,10 @@ IMAGE_STD = [0.26862954, 0.26130258, 0.27577711]
 INIT_STD = 0.1
 
 
-def make_config(family: str, preset: Preset) -> dict:
-    """config.json in the hub's flat layout."""
-    ids = tok.special_token_ids()
-    head_dim = preset.hidden_size // preset.num_heads
-    assert 2 * sum(preset.mrope_section) == head_dim, "mrope_section must cover head_dim / 2"
-    vision: dict
+def vision_config(family: str, preset: Preset) -> tuple[str, dict]:
+    """(architecture, vision_config) of a Qwen2-VL or Qwen2.5-VL folder."""
     if family == "qwen2_vl":
-        vision = {
+        return "Qwen2VLForConditionalGeneration", {
             "depth": preset.vision_depth,
             "embed_dim": preset.vision_dim,
             "mlp_ratio": 4,
@@ -109,9 +109,8 @@ def make_config(family: str, preset: Preset) -> dict:
             "spatial_patch_size": PATCH_SIZE,
             "temporal_patch_size": TEMPORAL_PATCH_SIZE,
         }
-        architecture = "Qwen2VLForConditionalGeneration"
-    elif family == "qwen2_5_vl":
-        vision = {
+    if family == "qwen2_5_vl":
+        return "Qwen2_5_VLForConditionalGeneration", {
             "depth": preset.vision_depth,
             "hidden_act": "silu",
             "hidden_size": preset.vision_dim,
@@ -127,9 +126,17 @@ def make_config(family: str, preset: Preset) -> dict:
             "window_size": 112,
             "fullatt_block_indexes": list(preset.fullatt_block_indexes),
         }
-        architecture = "Qwen2_5_VLForConditionalGeneration"
-    else:
-        raise ValueError(f"unknown family {family!r}; expected one of {FAMILIES}")
+    raise ValueError(f"unknown family {family!r}; expected one of {FAMILIES}")
+
+
+def make_config(family: str, preset: Preset) -> dict:
+    """config.json: the hub's flat layout (Qwen2-VL, Qwen2.5-VL), transformers 5's (Qwen3-VL)."""
+    if family == "qwen3_vl":
+        return qwen3.make_config(preset, INIT_STD)
+    ids = tok.special_token_ids()
+    head_dim = preset.hidden_size // preset.num_heads
+    assert 2 * sum(preset.mrope_section) == head_dim, "mrope_section must cover head_dim / 2"
+    architecture, vision = vision_config(family, preset)
     return {
         "architectures": [architecture],
         "model_type": family,
@@ -165,6 +172,13 @@ def make_config(family: str, preset: Preset) -> dict:
 
 def weight_shapes(family: str, preset: Preset) -> dict[str, tuple[int, ...]]:
     """Every tensor of the checkpoint with its shape, named as in the hub's checkpoints."""
+    if family == "qwen3_vl":
+        return qwen3.weight_shapes(preset)
+    return language_model_shapes(preset) | vision_tower_shapes(family, preset)
+
+
+def language_model_shapes(preset: Preset) -> dict[str, tuple[int, ...]]:
+    """The Qwen2 language model's tensors (`model.*`, `lm_head.*`)."""
     h, inter = preset.hidden_size, preset.intermediate_size
     head_dim = h // preset.num_heads
     kv = preset.num_kv_heads * head_dim
@@ -189,6 +203,13 @@ def weight_shapes(family: str, preset: Preset) -> dict[str, tuple[int, ...]]:
             p + "input_layernorm.weight": (h,),
             p + "post_attention_layernorm.weight": (h,),
         }
+    return shapes
+
+
+def vision_tower_shapes(family: str, preset: Preset) -> dict[str, tuple[int, ...]]:
+    """The Qwen2-VL / Qwen2.5-VL vision tower's tensors (`visual.*`)."""
+    h = preset.hidden_size
+    shapes: dict[str, tuple[int, ...]] = {}
     d = preset.vision_dim
     merged = d * MERGE_SIZE**2
     shapes["visual.patch_embed.proj.weight"] = (d, 3, TEMPORAL_PATCH_SIZE, PATCH_SIZE, PATCH_SIZE)
@@ -240,11 +261,13 @@ def random_weights(family: str, preset: Preset, seed: int) -> dict[str, torch.Te
     for name, shape in sorted(weight_shapes(family, preset).items()):
         values = torch.randn(shape, generator=gen, dtype=torch.float32)
         is_norm_scale = ("norm" in name or "ln_q" in name) and name.endswith(".weight")
-        weights[name] = 1.0 + 0.1 * values if is_norm_scale else INIT_STD * values
+        weights[name] = 1.0 + qwen3.norm_scale_std(name) * values if is_norm_scale else INIT_STD * values
     return weights
 
 
 def preprocessor_config(family: str, preset: Preset) -> dict:
+    if family == "qwen3_vl":
+        return qwen3.preprocessor_config(preset)
     return {
         "image_processor_type": "Qwen2VLImageProcessor",
         "processor_class": "Qwen2_5_VLProcessor" if family == "qwen2_5_vl" else "Qwen2VLProcessor",
@@ -259,6 +282,31 @@ def preprocessor_config(family: str, preset: Preset) -> dict:
         "min_pixels": preset.min_pixels,
         "max_pixels": preset.max_pixels,
         "size": {"shortest_edge": preset.min_pixels, "longest_edge": preset.max_pixels},
+        "patch_size": PATCH_SIZE,
+        "temporal_patch_size": TEMPORAL_PATCH_SIZE,
+        "merge_size": MERGE_SIZE,
+    }
+
+
+def video_preprocessor_config(family: str, preset: Preset) -> dict:
+    """The family's video processor: Qwen2-VL's bounds each frame by max_pixels."""
+    if family == "qwen3_vl":
+        return qwen3.video_preprocessor_config(preset)
+    frame_pixels = preset.max_video_frame_tokens * 28 * 28
+    return {
+        "video_processor_type": "Qwen2VLVideoProcessor",
+        "processor_class": "Qwen2_5_VLProcessor" if family == "qwen2_5_vl" else "Qwen2VLProcessor",
+        "do_resize": True,
+        "do_rescale": True,
+        "do_normalize": True,
+        "do_convert_rgb": True,
+        "resample": 3,
+        "rescale_factor": 1 / 255,
+        "image_mean": IMAGE_MEAN,
+        "image_std": IMAGE_STD,
+        "min_pixels": 16 * 28 * 28,
+        "max_pixels": frame_pixels,
+        "size": {"shortest_edge": 16 * 28 * 28, "longest_edge": frame_pixels},
         "patch_size": PATCH_SIZE,
         "temporal_patch_size": TEMPORAL_PATCH_SIZE,
         "merge_size": MERGE_SIZE,
@@ -282,10 +330,12 @@ def write_checkpoint(out_dir: Path, family: str, preset_name: str = "tiny", seed
     (out_dir / "config.json").write_text(json.dumps(config, indent=2))
     save_file(random_weights(family, preset, seed), str(out_dir / "model.safetensors"), {"format": "pt"})
     shutil.copyfile(tok.TOKENIZER_JSON, out_dir / "tokenizer.json")
-    tok_config = tok.tokenizer_config(preset.max_position_embeddings)
+    tok_config = tok.tokenizer_config(preset.max_position_embeddings, family)
     (out_dir / "tokenizer_config.json").write_text(json.dumps(tok_config, indent=2))
     preprocessor = preprocessor_config(family, preset)
     (out_dir / "preprocessor_config.json").write_text(json.dumps(preprocessor, indent=2))
+    video = video_preprocessor_config(family, preset)
+    (out_dir / "video_preprocessor_config.json").write_text(json.dumps(video, indent=2))
     (out_dir / "generation_config.json").write_text(json.dumps(generation_config(), indent=2))
     return out_dir
 

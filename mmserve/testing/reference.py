@@ -108,6 +108,51 @@ class Reference:
         return ReferenceOutput(generated, torch.cat(out.logits).float())
 
 
+@dataclass
+class VisionInputs:
+    """Pixels and grids of a prompt's images and videos, as transformers' model takes them."""
+
+    image_pixels: list[np.ndarray]
+    image_grids: list[tuple[int, int, int]]
+    video_pixels: list[np.ndarray]
+    video_grids: list[tuple[int, int, int]]
+    second_per_grid_ts: list[float] | None = None  # Qwen2.5-VL
+
+    def model_kwargs(self) -> dict:
+        kwargs: dict = {}
+        if self.image_pixels:
+            kwargs["pixel_values"] = torch.from_numpy(np.concatenate(self.image_pixels))
+            kwargs["image_grid_thw"] = torch.tensor(self.image_grids)
+        if self.video_pixels:
+            kwargs["pixel_values_videos"] = torch.from_numpy(np.concatenate(self.video_pixels))
+            kwargs["video_grid_thw"] = torch.tensor(self.video_grids)
+        if self.second_per_grid_ts is not None:
+            kwargs["second_per_grid_ts"] = torch.tensor(self.second_per_grid_ts)
+        return kwargs
+
+
+@torch.inference_mode()
+def generate_with_vision(
+    reference: Reference, token_ids: list[int], vision: VisionInputs, max_new_tokens: int
+) -> ReferenceOutput:
+    """Greedy `generate` on prompt ids whose placeholders are already expanded (image pads are
+    token type 1, video pads 2, as transformers' processors mark them)."""
+    ids = torch.tensor([token_ids])
+    config = reference.model.config
+    token_types = (ids == config.image_token_id).int() + 2 * (ids == config.video_token_id).int()
+    out = reference.model.generate(
+        input_ids=ids,
+        attention_mask=torch.ones_like(ids),
+        mm_token_type_ids=token_types,
+        max_new_tokens=max_new_tokens,
+        do_sample=False,
+        output_logits=True,
+        return_dict_in_generate=True,
+        **vision.model_kwargs(),
+    )
+    return ReferenceOutput(out.sequences[0, ids.shape[1] :].tolist(), torch.cat(out.logits).float())
+
+
 def image_spans(token_ids: list[int], image_token_id: int) -> list[tuple[int, int]]:
     """(offset, length) of each maximal run of image placeholder tokens."""
     is_image = np.asarray(token_ids) == image_token_id

@@ -79,13 +79,40 @@ CHAT_TEMPLATE = (
 )
 
 
+# Qwen3-VL's chat format: no default system turn, and videos numbered like pictures.
+QWEN3_VL_CHAT_TEMPLATE = (
+    "{% set image_count = namespace(value=0) %}"
+    "{% set video_count = namespace(value=0) %}"
+    "{% for message in messages %}"
+    "<|im_start|>{{ message['role'] }}\n"
+    "{% if message['content'] is string %}{{ message['content'] }}<|im_end|>\n"
+    "{% else %}"
+    "{% for content in message['content'] %}"
+    "{% if content['type'] == 'image' or 'image' in content or 'image_url' in content %}"
+    "{% set image_count.value = image_count.value + 1 %}"
+    "{% if add_vision_id %}Picture {{ image_count.value }}: {% endif %}"
+    "<|vision_start|><|image_pad|><|vision_end|>"
+    "{% elif content['type'] == 'video' or 'video' in content %}"
+    "{% set video_count.value = video_count.value + 1 %}"
+    "{% if add_vision_id %}Video {{ video_count.value }}: {% endif %}"
+    "<|vision_start|><|video_pad|><|vision_end|>"
+    "{% elif 'text' in content %}{{ content['text'] }}"
+    "{% endif %}"
+    "{% endfor %}<|im_end|>\n"
+    "{% endif %}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
 def special_token_ids() -> dict[str, int]:
     """Ids of the special tokens: they follow the learned vocabulary, as in Qwen2."""
     return {tok: NUM_LEARNED_TOKENS + i for i, tok in enumerate(SPECIAL_TOKENS)}
 
 
-def tokenizer_config(model_max_length: int) -> dict:
-    """tokenizer_config.json contents for a model folder using the committed tokenizer."""
+def tokenizer_config(model_max_length: int, family: str = "qwen2_vl") -> dict:
+    """tokenizer_config.json contents for a model folder using the committed tokenizer, with
+    the family's chat template."""
     ids = special_token_ids()
     return {
         "tokenizer_class": "Qwen2Tokenizer",
@@ -110,7 +137,7 @@ def tokenizer_config(model_max_length: int) -> dict:
             for tok, i in ids.items()
         },
         "additional_special_tokens": ["<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>"],
-        "chat_template": CHAT_TEMPLATE,
+        "chat_template": QWEN3_VL_CHAT_TEMPLATE if family == "qwen3_vl" else CHAT_TEMPLATE,
     }
 
 

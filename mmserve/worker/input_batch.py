@@ -7,7 +7,7 @@ moves the last row into its hole, so per-step work is slicing, not searching.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -28,7 +28,6 @@ class RequestState:
     mrope_positions: np.ndarray  # [3, num_prompt_tokens] int64
     mrope_delta: int  # position of token i ≥ num_prompt_tokens is i + delta
     mm_end: int  # end of the last image's placeholders; positions before it come from the table
-    block_ids: list[int] = field(default_factory=list)
 
     @property
     def num_tokens(self) -> int:
@@ -55,7 +54,7 @@ class InputBatch:
     def num_reqs(self) -> int:
         return len(self.req_ids)
 
-    def add(self, state: RequestState, num_computed_tokens: int) -> int:
+    def add(self, state: RequestState, num_computed_tokens: int, block_ids: list[int]) -> int:
         if self.num_reqs == self.max_num_reqs:
             raise RuntimeError(f"persistent batch is full ({self.max_num_reqs} requests)")
         row = self.num_reqs
@@ -73,7 +72,7 @@ class InputBatch:
         self.req_ids.append(state.req_id)
         self.row_of[state.req_id] = row
         self.states[state.req_id] = state
-        self.append_blocks(state.req_id, state.block_ids, record=False)
+        self.append_blocks(state.req_id, block_ids)
         return row
 
     def remove(self, req_id: str) -> None:
@@ -99,15 +98,13 @@ class InputBatch:
             self.row_of[moved] = row
         self.req_ids.pop()
 
-    def append_blocks(self, req_id: str, block_ids: list[int], record: bool = True) -> None:
+    def append_blocks(self, req_id: str, block_ids: list[int]) -> None:
         if not block_ids:
             return
         row = self.row_of[req_id]
         start = self.num_blocks[row]
         self.block_table[row, start : start + len(block_ids)] = block_ids
         self.num_blocks[row] = start + len(block_ids)
-        if record:
-            self.states[req_id].block_ids.extend(block_ids)
 
     def append_token(self, row: int, token_id: int) -> None:
         n = self.num_tokens[row]
@@ -123,10 +120,14 @@ def new_request_state(
     mm_features: list[MultiModalFeature],
     sampling_params: SamplingParams,
     spatial_merge_size: int,
+    tokens_per_second: float = 0.0,
 ) -> RequestState:
-    """State for a request entering the batch; M-RoPE positions of its prompt are computed once."""
+    """State for a request entering the batch; M-RoPE positions of its prompt are computed once.
+    With `tokens_per_second` (Qwen2.5-VL) a video's temporal positions advance by that many per
+    second of video; otherwise by one per temporal patch."""
     images = [(f.offset, f.length, f.grid_thw) for f in mm_features]
-    positions, delta = mrope_input_positions(len(prompt_token_ids), images, spatial_merge_size)
+    intervals = [video_time_interval(f, tokens_per_second) for f in mm_features]
+    positions, delta = mrope_input_positions(len(prompt_token_ids), images, spatial_merge_size, intervals)
     return RequestState(
         req_id=req_id,
         prompt_token_ids=list(prompt_token_ids),
@@ -137,3 +138,11 @@ def new_request_state(
         mrope_delta=delta,
         mm_end=max((f.offset + f.length for f in mm_features), default=0),
     )
+
+
+def video_time_interval(feature: MultiModalFeature, tokens_per_second: float) -> float:
+    """Temporal position units per temporal patch: tokens_per_second × seconds per patch, rounded
+    through float32 as transformers' tensors are (1 for images and where the model has no rate)."""
+    if feature.modality != "video" or not tokens_per_second:
+        return 1.0
+    return float(np.float32(tokens_per_second) * np.float32(feature.seconds_per_temporal_patch))

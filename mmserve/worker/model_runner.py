@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from mmserve.config import CacheConfig, ModelConfig, SchedulerConfig
+from mmserve.config import CacheConfig, ExecutionConfig, ModelConfig, SchedulerConfig
 from mmserve.core.sched_output import (
     LogprobsLists,
     ModelRunnerOutput,
@@ -23,8 +23,10 @@ from mmserve.layers.sampler import LogprobsTensors, Sampler
 from mmserve.models.loader import load_model
 from mmserve.worker.encoder_cache import EncoderCache
 from mmserve.worker.input_batch import InputBatch, new_request_state
+from mmserve.worker.prompt_logprobs import compute_prompt_logprobs
 from mmserve.worker.sampling_metadata import build_sampling_metadata
 from mmserve.worker.step_inputs import StepInputs, multimodal_scatter_plan, prepare_step_inputs
+from mmserve.worker.token_constraints import grammar_fields
 
 
 class ModelRunner:
@@ -34,17 +36,21 @@ class ModelRunner:
         cache_config: CacheConfig,
         scheduler_config: SchedulerConfig,
         device: torch.device,
+        execution_config: ExecutionConfig | None = None,
     ) -> None:
+        execution_config = execution_config or ExecutionConfig()
         self.model_config = model_config
         self.block_size = cache_config.block_size
         self.device = device
-        self.model = load_model(model_config, get_attention_backend(device), device)
+        self.attention_backend = get_attention_backend(execution_config.attention_backend, device)
+        self.model = load_model(model_config, self.attention_backend, device)
         self.sampler = Sampler()
         self.encoder_cache = EncoderCache()
         max_blocks_per_req = -(-model_config.max_model_len // self.block_size)
         self.batch = InputBatch(scheduler_config.max_num_seqs, model_config.max_model_len, max_blocks_per_req)
         self.kv_caches: list[torch.Tensor] = []
         self.num_encoder_calls = 0  # forward passes of the vision tower (tests count these)
+        self.prompt_logprob_req_ids: set[str] = set()  # held requests that ask for prompt logprobs
 
     # ---------------------------------------------------------------- KV cache
 
@@ -72,22 +78,30 @@ class ModelRunner:
         )
         embeds = self._embed(inputs)
         hidden = self.model(embeds, inputs.positions, self.kv_caches, inputs.attn_metadata)
-        output = self._sample(inputs, hidden)
+        prompt_logprobs = {}
+        if self.prompt_logprob_req_ids:
+            prompt_logprobs = compute_prompt_logprobs(
+                self.model.compute_logits, self.batch, inputs, hidden, self.prompt_logprob_req_ids
+            )
+        output = self._sample(inputs, hidden, scheduler_output)
+        self._advance_batch(inputs, output)
         output.num_encoder_runs = num_encoded
+        output.prompt_logprobs = prompt_logprobs
         return output
 
-    def _update_states(self, so: SchedulerOutput) -> None:
-        for req_id in so.dropped_req_ids:
+    def _update_states(self, scheduler_output: SchedulerOutput) -> None:
+        for req_id in scheduler_output.dropped_req_ids:
             if req_id in self.batch.row_of:
                 self.batch.remove(req_id)
-        self.encoder_cache.free(so.free_encoder_mm_hashes)
-        cached = so.scheduled_cached_reqs
+            self.prompt_logprob_req_ids.discard(req_id)
+        self.encoder_cache.free(scheduler_output.free_encoder_mm_hashes)
+        cached = scheduler_output.scheduled_cached_reqs
         for req_id, new_blocks, num_computed in zip(
             cached.req_ids, cached.new_block_ids, cached.num_computed_tokens
         ):
             self.batch.append_blocks(req_id, new_blocks)
             self.batch.num_computed_tokens[self.batch.row_of[req_id]] = num_computed
-        for new in so.scheduled_new_reqs:
+        for new in scheduler_output.scheduled_new_reqs:
             self._add_request(new)
 
     def _add_request(self, new: NewRequestData) -> None:
@@ -98,20 +112,20 @@ class ModelRunner:
             new.mm_features,
             new.sampling_params,
             self.model_config.vision.spatial_merge_size,
+            self.model_config.vision.tokens_per_second,
         )
-        state.block_ids = list(new.block_ids)
-        self.batch.add(state, new.num_computed_tokens)
+        self.batch.add(state, new.num_computed_tokens, new.block_ids)
+        if new.sampling_params.prompt_logprobs is not None:
+            self.prompt_logprob_req_ids.add(new.req_id)
 
-    def _run_encoder(self, so: SchedulerOutput) -> int:
-        """Encode, in one vision-tower call, every image scheduled this step that is not cached."""
-        features = []
-        for req_id, indices in so.scheduled_encoder_inputs.items():
-            for index in indices:
-                feature = self.batch.states[req_id].mm_features[index]
-                if feature.mm_hash not in self.encoder_cache and all(
-                    f.mm_hash != feature.mm_hash for f in features
-                ):
-                    features.append(feature)
+    def _run_encoder(self, scheduler_output: SchedulerOutput) -> int:
+        """Encode, in one vision-tower call, every image scheduled for encoding this step (the
+        scheduler lists each image once, and only images this cache does not hold)."""
+        features = [
+            self.batch.states[req_id].mm_features[index]
+            for req_id, indices in scheduler_output.scheduled_encoder_inputs.items()
+            for index in indices
+        ]
         if not features:
             return 0
         for f in features:
@@ -131,11 +145,15 @@ class ModelRunner:
         if plan:
             sources = [self.encoder_cache.get(h)[first : first + count] for h, first, count, _ in plan]
             destinations = np.concatenate([np.arange(dst, dst + count) for _, _, count, dst in plan])
-            embeds[torch.from_numpy(destinations).to(self.device)] = torch.cat(sources).to(embeds.dtype)
+            rows = torch.from_numpy(destinations).to(self.device)
+            embeds = self.model.merge_multimodal_embeddings(embeds, rows, torch.cat(sources))
         return embeds
 
-    def _sample(self, inputs: StepInputs, hidden: torch.Tensor) -> ModelRunnerOutput:
-        """Sample for the requests that computed their last known token; append to the batch."""
+    def _sample(
+        self, inputs: StepInputs, hidden: torch.Tensor, scheduler_output: SchedulerOutput
+    ) -> ModelRunnerOutput:
+        """One token for each request that computed its last known token this step (within its
+        grammar's mask, if any); the others (mid-prefill) get an empty list."""
         sampled_rows = inputs.rows[inputs.sample_mask]
         sampled_token_ids: list[list[int]] = [[] for _ in inputs.req_ids]
         logprobs: dict[str, LogprobsLists] = {}
@@ -144,21 +162,29 @@ class ModelRunner:
             metadata = build_sampling_metadata(
                 self.batch, sampled_rows, self.model_config.vocab_size, self.device
             )
-            result = self.sampler(logits, metadata)
             positions = np.nonzero(inputs.sample_mask)[0]
-            for i, (pos, row, token) in enumerate(
-                zip(positions, sampled_rows, result.sampled_token_ids.tolist())
-            ):
+            sampled_ids = [inputs.req_ids[pos] for pos in positions]
+            for name, value in grammar_fields(
+                scheduler_output.grammar_bitmask, sampled_ids, self.device
+            ).items():
+                setattr(metadata, name, value)
+            result = self.sampler(logits, metadata)
+            for i, (pos, token) in enumerate(zip(positions, result.sampled_token_ids.tolist())):
                 req_id = inputs.req_ids[pos]
                 sampled_token_ids[pos] = [token]
-                self.batch.append_token(int(row), token)
                 num_logprobs = self.batch.states[req_id].sampling_params.logprobs
                 if result.logprobs_tensors is not None and num_logprobs is not None:
                     logprobs[req_id] = _logprobs_row(result.logprobs_tensors, i, num_logprobs)
-        self.batch.num_computed_tokens[inputs.rows] += inputs.num_scheduled
         return ModelRunnerOutput(
             req_ids=inputs.req_ids, sampled_token_ids=sampled_token_ids, logprobs=logprobs
         )
+
+    def _advance_batch(self, inputs: StepInputs, output: ModelRunnerOutput) -> None:
+        """The step is done: its tokens are computed and the sampled ones join their requests."""
+        self.batch.num_computed_tokens[inputs.rows] += inputs.num_scheduled
+        for row, tokens in zip(inputs.rows, output.sampled_token_ids):
+            for token in tokens:
+                self.batch.append_token(int(row), token)
 
 
 def _logprobs_row(tensors: LogprobsTensors, i: int, k: int) -> LogprobsLists:

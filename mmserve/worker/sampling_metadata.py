@@ -12,6 +12,7 @@ import torch
 
 from mmserve.layers.sampler import SamplingMetadata
 from mmserve.worker.input_batch import InputBatch
+from mmserve.worker.token_constraints import token_constraint_fields
 
 _SEED_MIX = 0x9E3779B97F4A7C15  # odd 64-bit constant: spreads (seed, step) pairs over the seed space
 
@@ -65,4 +66,5 @@ def build_sampling_metadata(
         output_token_ids=outputs,
         min_tokens=min_tokens,
         max_num_logprobs=max(logprob_counts) if logprob_counts else None,
+        **token_constraint_fields(params, outputs, vocab_size, device),
     )

@@ -86,3 +86,17 @@ def test_conversations_keep_every_user_turn(loaded):
     conversations = workload.sample_conversations(loaded, NUM_ROWS, seed=0)
     assert sorted(len(c.user_texts) for c in conversations) == sorted(loaded["num_turns"])
     assert all(len(c.image_urls) == 1 for c in conversations)
+
+
+def test_the_video_mix_sends_clips_as_video_url_parts(tmp_path):
+    dataset.write_dataset(tmp_path, 8, seed=1, video_fraction=0.5)
+    loaded = datasets.load_dataset(str(tmp_path), split="train")
+    assert loaded.features == dataset.features(with_videos=True)
+    num_videos = sum(bool(row["videos"]) for row in loaded)
+    assert 0 < num_videos < len(loaded)
+    assert all(bool(row["videos"]) != bool(row["images"]) for row in loaded)  # a clip or a picture
+    requests = workload.sample_single_turn(loaded, 8, seed=0)
+    kinds = [[part["type"] for part in r.message()["content"]] for r in requests]
+    assert ["text", "video_url"] in kinds and ["text", "image_url"] in kinds
+    video = next(r for r in requests if r.video_url)
+    assert video.video_url.startswith("data:video/mp4;base64,")

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from mmserve.config import CacheConfig, ModelConfig, SchedulerConfig
+from mmserve.config import CacheConfig, ExecutionConfig, ModelConfig, SchedulerConfig
 from mmserve.testing.driver import ChunkedDriver
 from mmserve.testing.reference import PromptInputs, Reference, synthetic_image
 from mmserve.worker.model_runner import ModelRunner
@@ -22,11 +22,16 @@ def reference(model_dir) -> Reference:
     return Reference(model_dir)
 
 
-@pytest.fixture(scope="module")
-def runner(model_dir) -> ModelRunner:
+@pytest.fixture(scope="module", params=["torch", "cpu"])
+def runner(model_dir, request) -> ModelRunner:
+    """The runner on the torch reference kernels and on the C++ kernels."""
     config = ModelConfig.from_pretrained(model_dir, dtype="float32")
     runner = ModelRunner(
-        config, CacheConfig(block_size=16), SchedulerConfig(max_num_seqs=8), torch.device("cpu")
+        config,
+        CacheConfig(block_size=16),
+        SchedulerConfig(max_num_seqs=8),
+        torch.device("cpu"),
+        ExecutionConfig(attention_backend=request.param),
     )
     runner.initialize_kv_cache(num_blocks=1024)
     return runner

@@ -1,4 +1,5 @@
-"""Our vision towers against transformers' `get_image_features` on the same weights."""
+"""Our vision towers against transformers' `get_image_features` on the same weights (for
+Qwen3-VL, the DeepStack features too: we cache them beside the main embeddings)."""
 
 from __future__ import annotations
 
@@ -16,11 +17,12 @@ from mmserve.testing.reference import synthetic_image
 SIZES = [(224, 224), (300, 200), (150, 450), (28, 560), (900, 30), (56, 56), (1000, 800)]
 
 
-@pytest.fixture(scope="module")
-def towers(model_dir):
+@pytest.fixture(scope="module", params=["torch", "cpu"])
+def towers(model_dir, request):
+    """Both CPU kernel sets: the torch reference and the C++ kernels."""
     ref = AutoModelForImageTextToText.from_pretrained(model_dir, dtype=torch.float32).eval()
     config = ModelConfig.from_pretrained(model_dir, dtype="float32")
-    ours = load_model(config, get_attention_backend(torch.device("cpu")), torch.device("cpu"))
+    ours = load_model(config, get_attention_backend(request.param, torch.device("cpu")), torch.device("cpu"))
     return ref, ours, Qwen2VLImageProcessorPil.from_pretrained(model_dir)
 
 
@@ -30,7 +32,9 @@ def test_vision_tower_matches_transformers(towers, size):
     ref, ours, processor = towers
     inputs = processor(images=[synthetic_image(*size, seed=sum(size))], return_tensors="pt")
     grid = [tuple(g) for g in inputs["image_grid_thw"].tolist()]
-    [want] = ref.model.get_image_features(inputs["pixel_values"], inputs["image_grid_thw"]).pooler_output
+    features = ref.model.get_image_features(inputs["pixel_values"], inputs["image_grid_thw"])
+    deepstack = [f[0] for f in getattr(features, "deepstack_features", None) or []]
+    want = torch.cat([features.pooler_output[0], *deepstack], dim=-1)
     [got] = ours.encode_images(inputs["pixel_values"], grid)
     assert got.shape == want.shape
     assert ((got - want).abs().max() / want.abs().max()).item() < 1e-5

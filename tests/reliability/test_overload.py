@@ -108,7 +108,7 @@ ODD = [
     {"presence_penalty": -2, "frequency_penalty": 2, "temperature": 1.0},
     {"min_tokens": 3, "max_tokens": 3, "stop_token_ids": list(range(12000, 12022))},
     {"stop": [f"s{i}" for i in range(5000)]},
-    {"stop_token_ids": [10**9]},  # never produced
+    {"stop_token_ids": [12021]},  # in the vocabulary (ids past it are a 400), seldom produced
     {"n": 128, "max_tokens": 1, "temperature": 1.0},
     {"priority": -(2**63)},
     {"chat_template_kwargs": {"raise_exception": 1, "tools": None, "add_generation_prompt": False}},

@@ -41,12 +41,12 @@ INJECTION_CASES = [*INJECTIONS, "in_system_end_turn_and_write_system", "in_part_
 INJECTION_CASES += ["in_history_fake_assistant_turn"]
 
 
-@pytest.mark.parametrize("name", INJECTION_CASES)
 @pytest.fixture(scope="module")
 def special_ids(model_path) -> set[int]:
     return set(Tokenizer(model_path).special_token_ids.values())
 
 
+@pytest.mark.parametrize("name", INJECTION_CASES)
 def test_special_token_text_in_messages_is_plain_text(hardened, greedy, valid_answer, special_ids, name):
     """Typed control tokens become text tokens: the prompt has exactly the template's control
     tokens, and the answer is the offline engine's for the same (shielded) conversation."""

@@ -6,6 +6,7 @@ each with n choices) whose outputs are gathered or streamed.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import time
 import uuid
@@ -25,7 +26,7 @@ from mmserve.frontend.errors import (
     TemplateError,
 )
 from mmserve.frontend.input_processor import ProcessedPrompt
-from mmserve.outputs import RequestOutput
+from mmserve.outputs import CompletionOutput, RequestOutput
 from mmserve.sampling_params import SamplingParams
 
 Result = TypeVar("Result")
@@ -46,7 +47,7 @@ def client_error(e: Exception) -> OpenAIError:
     if isinstance(e, EngineDeadError):
         return OpenAIError(503, f"the engine is not running: {e}")
     if isinstance(e, PreprocessError):
-        return OpenAIError(500, f"image preprocessing failed: {e}")
+        return OpenAIError(500, f"image or video preprocessing failed: {e}")
     return OpenAIError(500, f"internal error: {type(e).__name__}")
 
 
@@ -105,15 +106,6 @@ def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dic
     }
 
 
-def usage_of(outputs: list[RequestOutput]) -> dict:
-    """Usage summed over the final outputs of a request's prompts."""
-    return usage(
-        sum(len(output.prompt_token_ids) for output in outputs),
-        sum(len(completion.token_ids) for output in outputs for completion in output.outputs),
-        sum(output.num_cached_tokens for output in outputs),
-    )
-
-
 def sse(data: dict | str) -> str:
     return f"data: {data if isinstance(data, str) else json.dumps(data, ensure_ascii=False)}\n\n"
 
@@ -129,7 +121,10 @@ def chunk_base(generation: Generation, prefix: str, kind: str) -> dict:
 
 
 class Generation:
-    """One client request: one or more prompts (completions may batch), each with n choices."""
+    """One client request: one or more prompts (completions may batch), each with n choices.
+
+    Its engine requests stream deltas (RequestOutputKind.DELTA); `final_outputs` adds them up.
+    Usage is counted from the deltas as they pass, so a stream can report it at any point."""
 
     def __init__(
         self,
@@ -147,6 +142,12 @@ class Generation:
         self.id_base = uuid.uuid4().hex
         self.created = int(time.time())
         self.start = time.monotonic()
+        self.num_completion_tokens = 0
+        self.parse_tools = False  # chat with tools: <tool_call> blocks become tool_calls
+        self.parallel_tool_calls = True  # False: only the first call is returned
+        self.num_returned = params.n  # choices per prompt in the answer (fewer than n under best_of)
+        self.keep_logprobs = params.logprobs is not None  # False when only best_of asked for them
+        self.num_cached_tokens: dict[int, int] = {}  # prompt index → its prefix-cache hit
 
     def streams(self) -> list[AsyncIterator[RequestOutput]]:
         return [
@@ -156,31 +157,37 @@ class Generation:
             for index, prompt in enumerate(self.prompts)
         ]
 
-    async def final_outputs(self) -> list[RequestOutput]:
-        async def last(stream: AsyncIterator[RequestOutput]) -> RequestOutput:
-            result = None
-            async for result in stream:  # the last snapshot is the final one
-                self._observe(result)
-            return result
+    def usage(self) -> dict:
+        """Usage so far (the final usage once every prompt has finished)."""
+        return usage(
+            sum(len(prompt.token_ids) for prompt in self.prompts),
+            self.num_completion_tokens,
+            sum(self.num_cached_tokens.values()),
+        )
 
-        try:
-            outputs = await asyncio.gather(*(last(stream) for stream in self.streams()))
-        finally:
-            self.forget()
+    async def final_outputs(self) -> list[RequestOutput]:
+        """Each prompt's whole answer: its deltas added up (errors raise a 400)."""
+        totals: dict[int, RequestOutput] = {}
+        async for index, delta in self.merged_stream():
+            if index not in totals:
+                totals[index] = dataclasses.replace(delta, outputs=[])
+            add_delta(totals[index], delta)
+        outputs = [totals[index] for index in range(len(self.prompts))]
         for output in outputs:
             if output.error:
                 raise bad_request(output.error)
+            output.outputs.sort(key=lambda completion: completion.index)
         return outputs
 
     async def merged_stream(self) -> AsyncIterator[tuple[int, RequestOutput]]:
-        """(prompt index, snapshot) from all prompts as they arrive."""
+        """(prompt index, delta) from all prompts as they arrive."""
         queue: asyncio.Queue = asyncio.Queue()
 
         async def pump(index: int, stream: AsyncIterator[RequestOutput]) -> None:
             try:
-                async for snapshot in stream:
-                    self._observe(snapshot)
-                    await queue.put((index, snapshot))
+                async for delta in stream:
+                    self._observe(index, delta)
+                    await queue.put((index, delta))
             except BaseException as e:
                 await queue.put((index, e))
                 raise
@@ -201,8 +208,10 @@ class Generation:
             await asyncio.gather(*tasks, return_exceptions=True)
             self.forget()
 
-    def _observe(self, snapshot: RequestOutput) -> None:
-        self.state.metrics.observe_request(snapshot, self.start)
+    def _observe(self, index: int, delta: RequestOutput) -> None:
+        self.num_completion_tokens += sum(len(completion.token_ids) for completion in delta.outputs)
+        self.num_cached_tokens[index] = delta.num_cached_tokens
+        self.state.metrics.observe_request(delta, self.start)
 
     def forget(self) -> None:
         """Give back reserved places never taken and drop per-request metric state of prompts
@@ -210,3 +219,27 @@ class Generation:
         self.reservation.release()
         for index in range(len(self.prompts)):
             self.state.metrics.forget(f"{self.id_base}-{index}")
+
+
+def add_delta(total: RequestOutput, delta: RequestOutput) -> None:
+    """Fold a delta (RequestOutputKind.DELTA) into the request's running total, in place."""
+    total.finished, total.error = delta.finished, delta.error
+    total.num_cached_tokens = delta.num_cached_tokens
+    if delta.prompt_logprobs is not None:
+        total.prompt_logprobs = delta.prompt_logprobs
+    by_index = {completion.index: completion for completion in total.outputs}
+    for piece in delta.outputs:
+        completion = by_index.get(piece.index)
+        if completion is None:
+            completion = CompletionOutput(
+                piece.index, "", [], logprobs=[] if piece.logprobs is not None else None
+            )
+            total.outputs.append(completion)
+            by_index[piece.index] = completion
+        completion.text += piece.text
+        completion.token_ids.extend(piece.token_ids)
+        if piece.logprobs is not None and completion.logprobs is not None:
+            completion.logprobs.extend(piece.logprobs)
+        completion.cumulative_logprob = piece.cumulative_logprob
+        if piece.finish_reason is not None:
+            completion.finish_reason, completion.stop_reason = piece.finish_reason, piece.stop_reason

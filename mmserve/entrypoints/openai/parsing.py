@@ -44,7 +44,10 @@ async def parse_body(raw: Request, model: type[Body]) -> Body:
     try:
         return model.model_validate(body)
     except ValidationError as e:
-        raise bad_request(describe_validation(e.errors())) from None
+        errors = e.errors()
+        location = [part for part in (errors[0].get("loc", ()) if errors else ()) if part != "body"]
+        field = str(location[0]) if location else None  # the top-level field, as the 400's param
+        raise bad_request(describe_validation(errors), field) from None
 
 
 async def read_body(raw: Request) -> bytearray:

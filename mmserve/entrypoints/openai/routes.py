@@ -12,7 +12,7 @@ from fastapi.responses import FileResponse, JSONResponse, Response, StreamingRes
 
 from mmserve.entrypoints.openai.disconnect import until_disconnected
 from mmserve.entrypoints.openai.errors import OpenAIError, bad_request
-from mmserve.entrypoints.openai.generation import Generation, client_error
+from mmserve.entrypoints.openai.generation import Generation, check_request, client_error
 from mmserve.entrypoints.openai.parsing import json_body, parse_body
 from mmserve.entrypoints.openai.responses import json_response
 from mmserve.entrypoints.openai.schemas import (
@@ -95,24 +95,25 @@ async def _respond(
     raw: Request,
     request: ChatCompletionRequest | CompletionRequest,
     generation: Generation,
-    stream_body: Callable[[Generation, bool], AsyncIterator[str]],
+    stream_body: Callable[[Generation, ChatCompletionRequest | CompletionRequest], AsyncIterator[str]],
     response_body: Callable[[Generation], Awaitable[dict]],
 ) -> Response:
     """An SSE stream if the request asked for one, else the JSON body (abandoned, and its
     engine requests aborted, if the client leaves first)."""
     if request.stream:
-        include_usage = bool(request.stream_options and request.stream_options.include_usage)
-        return StreamingResponse(stream_body(generation, include_usage), media_type="text/event-stream")
+        return StreamingResponse(stream_body(generation, request), media_type="text/event-stream")
     return await json_response(await until_disconnected(raw, response_body(generation)))
 
 
 @router.post("/tokenize", openapi_extra=json_body(TokenizeRequest))
 async def tokenize(raw: Request, state: State) -> dict:
     request = await parse_body(raw, TokenizeRequest)
+    check_request(state, request.model, 0)
     inputs = state.frontend.inputs
     try:
         if request.messages is not None:
-            prompt = await inputs.chat_async(request.messages)
+            add_generation_prompt = request.add_generation_prompt
+            prompt = await inputs.chat_async(request.messages, add_generation_prompt=add_generation_prompt)
         elif request.prompt is not None:
             prompt = await inputs.prompt_async(request.prompt)
         else:
@@ -126,6 +127,7 @@ async def tokenize(raw: Request, state: State) -> dict:
 @router.post("/detokenize", openapi_extra=json_body(DetokenizeRequest))
 async def detokenize(raw: Request, state: State) -> dict:
     request = await parse_body(raw, DetokenizeRequest)
+    check_request(state, request.model, 0)
     tokenizer = state.frontend.tokenizer
     if any(not 0 <= token < tokenizer.vocab_size for token in request.tokens):
         raise bad_request(f"token ids must be in [0, {tokenizer.vocab_size})", "tokens")

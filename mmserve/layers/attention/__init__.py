@@ -1,11 +1,23 @@
 """Attention over a paged KV cache, behind a small backend interface.
 
 A backend writes the step's keys/values into the cache through `slot_mapping` and attends each
-request's queries over its cached context through its block table. Backends: the torch
-reference (CPU and any device); flash-attn or Triton backends can slot in behind the same
-`AttentionBackend` interface.
+request's queries over its cached context through its block table. Backends: `torch` (the
+reference, any device), `cpu` (the C++ kernels), `triton` (GPU; CPU in Triton's interpreter),
+chosen by `--attention-backend` (`auto` picks the fastest that works on the device).
 """
 
-from mmserve.layers.attention.backend import AttentionBackend, AttentionMetadata, get_attention_backend
+from mmserve.layers.attention.backend import (
+    ATTENTION_BACKENDS,
+    AttentionBackend,
+    AttentionMetadata,
+    get_attention_backend,
+    resolve_attention_backend,
+)
 
-__all__ = ["AttentionBackend", "AttentionMetadata", "get_attention_backend"]
+__all__ = [
+    "ATTENTION_BACKENDS",
+    "AttentionBackend",
+    "AttentionMetadata",
+    "get_attention_backend",
+    "resolve_attention_backend",
+]

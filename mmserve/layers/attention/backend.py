@@ -1,4 +1,10 @@
-"""The attention backend interface and the per-step metadata every backend reads."""
+"""The attention backend interface, the per-step metadata every backend reads, and the choice.
+
+A backend writes the step's keys/values into the paged cache and attends each request's queries
+over its context; it also names the kernel set (`mmserve.ops.kernels`) the rest of the model
+runs with, so that one flag picks a consistent set: `torch` (the reference), `cpu` (C++,
+csrc/), `triton` (GPU, or CPU tensors in Triton's interpreter).
+"""
 
 from __future__ import annotations
 
@@ -7,6 +13,9 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+
+from mmserve.config import ATTENTION_BACKENDS
+from mmserve.ops.kernels import Kernels
 
 
 @dataclass
@@ -38,6 +47,7 @@ class AttentionBackend(ABC):
     """One object per model; stateless across steps (all state is in the KV cache tensors)."""
 
     name: str
+    kernels: Kernels  # the kernel set the model's other layers use with this backend
 
     @abstractmethod
     def forward(
@@ -52,8 +62,33 @@ class AttentionBackend(ABC):
         """Store k/v at their slots, then causal attention of q over each request's context."""
 
 
-def get_attention_backend(device: torch.device) -> AttentionBackend:
-    """The best backend available for `device`; the torch reference works everywhere."""
-    from mmserve.layers.attention.torch_backend import TorchAttentionBackend
+def resolve_attention_backend(name: str, device: torch.device) -> str:
+    """`auto` → the fastest backend that works for `device`: the C++ kernels on CPU (torch if
+    they cannot be built here, with a warning), Triton on CUDA; other names are checked."""
+    if name not in ATTENTION_BACKENDS:
+        raise ValueError(f"unknown attention backend {name!r}; choose one of {', '.join(ATTENTION_BACKENDS)}")
+    if name != "auto":
+        return name
+    if device.type == "cpu":
+        from mmserve.ops import cpu
 
-    return TorchAttentionBackend()
+        return "cpu" if cpu.is_available() else "torch"
+    from mmserve.ops import triton as triton_ops
+
+    return "triton" if triton_ops.is_available() else "torch"
+
+
+def get_attention_backend(name: str, device: torch.device) -> AttentionBackend:
+    """The backend called `name` (see `resolve_attention_backend` for `auto`)."""
+    name = resolve_attention_backend(name, device)
+    if name == "torch":
+        from mmserve.layers.attention.torch_backend import TorchAttentionBackend
+
+        return TorchAttentionBackend()
+    if name == "cpu":
+        from mmserve.layers.attention.cpu_backend import CpuAttentionBackend
+
+        return CpuAttentionBackend()
+    from mmserve.layers.attention.triton_backend import TritonAttentionBackend
+
+    return TritonAttentionBackend()

@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from mmserve.layers.attention.backend import AttentionBackend, AttentionMetadata
+from mmserve.ops.kernels import TORCH_KERNELS
 
 
 def write_kv(k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
@@ -29,6 +30,7 @@ def gather_context(cache: torch.Tensor, block_table: torch.Tensor, num_blocks: i
 
 class TorchAttentionBackend(AttentionBackend):
     name = "torch"
+    kernels = TORCH_KERNELS
 
     def forward(
         self,

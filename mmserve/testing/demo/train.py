@@ -247,7 +247,7 @@ def save_state(work_dir: Path, model, head, optimizer, step: int) -> None:
     tmp.replace(work_dir / "state.pt")
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", type=Path, default=folder.DEMO_MODEL_DIR, help="model folder to write")
     parser.add_argument("--work-dir", type=Path, default=envs.cache_dir() / "demo-train")
@@ -268,7 +268,64 @@ def main() -> None:
     args = parser.parse_args()
     if args.steps % GROUP_STEPS or args.save_every % GROUP_STEPS:
         parser.error(f"--steps and --save-every must be multiples of {GROUP_STEPS}")
+    return args
 
+
+def new_optimizer(params: list[torch.nn.Parameter], lr: float) -> torch.optim.Optimizer:
+    """AdamW with weight decay on matrices only."""
+    decay = [p for p in params if p.ndim >= 2]
+    no_decay = [p for p in params if p.ndim < 2]
+    return torch.optim.AdamW(
+        [{"params": decay, "weight_decay": 0.01}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=lr,
+        betas=(0.9, 0.95),
+    )
+
+
+def restore(args: argparse.Namespace, model, head, optimizer) -> int:
+    """Resume from the work dir's state.pt, or start from --init-from's weights; the first step."""
+    if args.init_from and not (args.work_dir / "state.pt").exists():
+        state = torch.load(args.init_from, weights_only=True)
+        grown = load_grown(model, state["model"])
+        head.load_state_dict(state["head"])
+        if not grown:  # the optimiser's moments fit only the same parameters
+            optimizer.load_state_dict(state["optimizer"])
+        print(f"initialised from {args.init_from} (its step {state['step']})", flush=True)
+        return 0
+    if (args.work_dir / "state.pt").exists():
+        state = torch.load(args.work_dir / "state.pt", weights_only=True)
+        model.load_state_dict(state["model"])
+        head.load_state_dict(state["head"])
+        optimizer.load_state_dict(state["optimizer"])
+        print(f"resumed at step {state['step']}", flush=True)
+        return state["step"]
+    return 0
+
+
+def train_step(model, head, optimizer, params, batch: dict, merged: dict, lr: float) -> dict:
+    """One optimiser step on `batch`; its losses and gradient norm."""
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        logits, targets, _ = answer_logits(model, batch)
+        answer_loss = torch.nn.functional.cross_entropy(logits, targets)
+        grounding_loss = torch.zeros(())
+        if "token_labels" in batch:
+            grounding_loss = head.loss(merged["out"], batch["token_labels"])
+    (answer_loss + GROUNDING_WEIGHT * grounding_loss).backward()
+    grad_norm = torch.nn.utils.clip_grad_norm_(params, 1.0)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return {
+        "loss": round(answer_loss.item(), 4),
+        "grounding_loss": round(grounding_loss.item(), 4),
+        "lr": lr,
+        "grad_norm": round(float(grad_norm), 3),
+    }
+
+
+def main() -> None:
+    args = parse_args()
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
     args.work_dir.mkdir(parents=True, exist_ok=True)
@@ -280,28 +337,8 @@ def main() -> None:
     merged = {}  # the merger's output of the current forward: [image tokens, hidden]
     model.model.visual.merger.register_forward_hook(lambda module, inputs, out: merged.update(out=out))
     params = [*model.parameters(), *head.parameters()]
-    decay = [p for p in params if p.ndim >= 2]
-    no_decay = [p for p in params if p.ndim < 2]
-    optimizer = torch.optim.AdamW(
-        [{"params": decay, "weight_decay": 0.01}, {"params": no_decay, "weight_decay": 0.0}],
-        lr=args.lr,
-        betas=(0.9, 0.95),
-    )
-    start = 0
-    if args.init_from and not (args.work_dir / "state.pt").exists():
-        state = torch.load(args.init_from, weights_only=True)
-        grown = load_grown(model, state["model"])
-        head.load_state_dict(state["head"])
-        if not grown:  # the optimiser's moments fit only the same parameters
-            optimizer.load_state_dict(state["optimizer"])
-        print(f"initialised from {args.init_from} (its step {state['step']})", flush=True)
-    elif (args.work_dir / "state.pt").exists():
-        state = torch.load(args.work_dir / "state.pt", weights_only=True)
-        model.load_state_dict(state["model"])
-        head.load_state_dict(state["head"])
-        optimizer.load_state_dict(state["optimizer"])
-        start = state["step"]
-        print(f"resumed at step {start}", flush=True)
+    optimizer = new_optimizer(params, args.lr)
+    start = restore(args, model, head, optimizer)
     # Held-out: a different stream than training ("heldout", not "train"; evaluate uses "eval").
     held = [encoder.encode(d) for d in dialogues("heldout", args.seed, args.eval_size)]
     held_batches = [collate(held[i : i + 32], encoder) for i in range(0, len(held), 32)]
@@ -322,27 +359,10 @@ def main() -> None:
         batch = next(batches)
         t1 = time.monotonic()
         lr = lr_at(step, args.steps, args.lr, args.warmup)
-        for group in optimizer.param_groups:
-            group["lr"] = lr
-        with torch.autocast("cpu", dtype=torch.bfloat16):
-            logits, targets, _ = answer_logits(model, batch)
-            answer_loss = torch.nn.functional.cross_entropy(logits, targets)
-            grounding_loss = torch.zeros(())
-            if "token_labels" in batch:
-                grounding_loss = head.loss(merged["out"], batch["token_labels"])
-        (answer_loss + GROUNDING_WEIGHT * grounding_loss).backward()
-        grad_norm = torch.nn.utils.clip_grad_norm_(params, 1.0)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        t2 = time.monotonic()
-        record = {
-            "step": step + 1,
-            "loss": round(answer_loss.item(), 4),
-            "grounding_loss": round(grounding_loss.item(), 4),
-            "lr": lr,
-            "grad_norm": round(float(grad_norm), 3),
+        record = {"step": step + 1, **train_step(model, head, optimizer, params, batch, merged, lr)}
+        record |= {
             "data_wait_s": round(t1 - t0, 3),
-            "step_s": round(t2 - t1, 3),
+            "step_s": round(time.monotonic() - t1, 3),
             "elapsed_s": round(time.monotonic() - began, 1),
         }
         done = step + 1

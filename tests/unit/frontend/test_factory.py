@@ -33,6 +33,27 @@ def test_no_generation_config_leaves_sampling_params_defaults(tmp_path):
     assert default_sampling_params(tmp_path, open_ended=False) == SamplingParams()
 
 
+def test_without_generation_config_the_model_eos_still_stops(tmp_path):
+    """The EOS ids ModelConfig read from config.json apply when generation_config.json is missing."""
+    params = default_sampling_params(tmp_path, open_ended=True, eos_token_ids=(5,))
+    assert params.eos_token_ids == [5]
+    assert 5 in params.all_stop_token_ids
+
+
+def test_config_json_eos_reaches_the_default_params(tmp_path):
+    model = checkpoint("qwen2_vl")
+    for name in model.iterdir():
+        if name.name != "generation_config.json":
+            (tmp_path / name.name).symlink_to(name)
+    config = EngineArgs(model=tmp_path, preprocess_workers=0).create_engine_config()
+    assert config.model.eos_token_ids  # from config.json
+    frontend = build_frontend(config, MediaLoader(), open_ended=True)
+    try:
+        assert frontend.default_params.eos_token_ids == list(config.model.eos_token_ids)
+    finally:
+        frontend.close()
+
+
 @pytest.mark.parametrize("limit,expected", [(None, 8), ({}, 8), ({"image": 3}, 3)])
 def test_the_image_limit_reaches_the_input_processor(limit, expected):
     args = {} if limit is None else {"limit_mm_per_prompt": limit}

@@ -62,16 +62,22 @@ def test_text_only_positions_are_the_token_index():
     assert delta == 0
 
 
-def test_cached_cos_sin_equal_direct_computation():
+def test_cached_rotation_equals_direct_computation():
     rope = MRotaryEmbedding(head_dim=32, theta=1e6, mrope_section=(4, 6, 6), max_positions=512)
-    positions = torch.randint(0, 512, (3, 50), generator=torch.Generator().manual_seed(0))
-    cos, _ = rope.cos_sin(positions, torch.float32)
+    generator = torch.Generator().manual_seed(0)
+    positions = torch.randint(0, 512, (3, 50), generator=generator)
+    q, k = torch.randn(50, 4, 32, generator=generator), torch.randn(50, 2, 32, generator=generator)
+    got_q, got_k = rope(positions, q.clone(), k.clone())
     inv = inverse_frequencies(32, 1e6)  # the same frequencies: what is checked is the cache
     freqs = positions[..., None].float() * inv  # [3, T, 16]
     sections = torch.cat([f[i % 3] for i, f in enumerate(freqs.split([4, 6, 6], dim=-1))], dim=-1)
+    angles = torch.cat([sections, sections], -1)[:, None, :]  # [T, 1, 32]
+    rotate_half = lambda x: torch.cat((-x[..., 16:], x[..., :16]), dim=-1)
     # Within float32 rounding: cos over a table and over a gathered tensor may take different
     # vectorised paths, which can differ in the last bit.
-    torch.testing.assert_close(cos[:, 0], torch.cat([sections, sections], -1).cos(), rtol=0, atol=1e-6)
+    for got, x in ((got_q, q), (got_k, k)):
+        want = x * angles.cos() + rotate_half(x) * angles.sin()
+        torch.testing.assert_close(got, want, rtol=0, atol=1e-5)
 
 
 @pytest.mark.parametrize("grids", [[(1, 16, 16)], [(1, 10, 22), (1, 8, 8)], [(1, 4, 30), (1, 32, 6)]])

@@ -1,4 +1,4 @@
-"""Bidirectional attention over packed variable-length segments (the vision tower's images/windows)."""
+"""Attention kernels written with torch's scaled_dot_product_attention (the torch kernel set's)."""
 
 from __future__ import annotations
 
@@ -9,10 +9,11 @@ import torch
 import torch.nn.functional as F
 
 
-def varlen_attention(
+def varlen_attention_sdpa(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: list[int], scale: float
 ) -> torch.Tensor:
-    """q, k, v: [N, H, D]; segment s is rows [cu_seqlens[s], cu_seqlens[s+1]) → [N, H, D].
+    """`reference.varlen_attention` (bidirectional within packed segments: a vision tower's
+    images or windows). q, k, v: [N, H, D]; segment s is rows [cu_seqlens[s], cu_seqlens[s+1]).
 
     Segments of equal length are stacked and attended in one call, so an image cut into
     many same-sized windows costs a handful of kernel launches, not one per window.

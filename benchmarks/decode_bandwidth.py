@@ -1,0 +1,153 @@
+"""A decode step against the memory-bandwidth floor: how close the engine gets to the machine.
+
+    .venv/bin/python -m benchmarks.decode_bandwidth --preset mid --batch 1 8 --context 512
+
+A decode step must read every weight of the language model once (and the LM head) plus every
+cached key and value of the batch; nothing can make it faster than those bytes ÷ the memory
+bandwidth. This measures, in one process: a STREAM-style bandwidth (a large tensor copy:
+bytes read + written per second, and a read-only sum), then whole engine steps
+(`EngineCore.step`: scheduler, input preparation, forward, sampling) of `--batch` requests all
+decoding with `--context` tokens of text context, and reports floor ÷ step time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import time
+
+import numpy as np
+import torch
+
+from mmserve.entrypoints.llm import LLM
+from mmserve.sampling_params import SamplingParams
+from mmserve.testing.checkpoints import checkpoint
+
+
+def stream_bandwidth(num_bytes: int = 1 << 30, rounds: int = 7) -> dict[str, float]:
+    """Bytes per second of a copy (read + write counted) and of a read-only reduction, on buffers
+    far larger than any cache, with this process's torch threads."""
+    src = torch.ones(num_bytes // 4, dtype=torch.float32)
+    dst = torch.empty_like(src)
+    copy, read = [], []
+    for _ in range(rounds):
+        start = time.perf_counter()
+        dst.copy_(src)
+        copy.append(2 * num_bytes / (time.perf_counter() - start))
+        start = time.perf_counter()
+        src.sum()
+        read.append(num_bytes / (time.perf_counter() - start))
+    return {"copy_bytes_per_s": statistics.median(copy), "read_bytes_per_s": statistics.median(read)}
+
+
+def weight_bytes(llm: LLM) -> int:
+    """Bytes a decode step reads of the weights: the language model's, but its embedding table
+    (only the batch's rows are gathered), plus the LM head (the same tensor when tied, then read
+    whole by the head's matmul). The vision tower is idle."""
+    model = llm.engine_core.executor.runner.model
+
+    def size(tensor: torch.Tensor) -> int:
+        return tensor.numel() * tensor.element_size()
+
+    language = sum(size(p) for p in model.model.parameters())
+    return language - size(model.model.embed_tokens.weight) + size(model.lm_head.weight)
+
+
+def decode_steps(llm: LLM, batch: int, context: int, steps: int) -> list[float]:
+    """Seconds of each of `steps` engine steps once `batch` requests are all decoding."""
+    rng = np.random.default_rng(batch)
+    params = SamplingParams(temperature=0.0, max_tokens=steps + 8, ignore_eos=True)
+    prompts = [{"prompt_token_ids": rng.integers(100, 11000, context).tolist()} for _ in range(batch)]
+    for prompt in prompts:
+        llm._submit(llm._inputs.prompt(prompt), params)
+    core = llm.engine_core
+    while core.scheduler.waiting or any(
+        r.num_computed_tokens < r.num_tokens - 1 for r in core.scheduler.running
+    ):
+        core.step()  # prefill
+    for _ in range(3):
+        core.step()  # warm-up decode steps
+    times = []
+    for _ in range(steps):
+        start = time.perf_counter()
+        core.step()
+        times.append(time.perf_counter() - start)
+    while core.has_work():
+        core.step()
+    return times
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--family", default="qwen2_vl")
+    parser.add_argument("--preset", default="mid")
+    parser.add_argument("--batch", type=int, nargs="+", default=[1, 8])
+    parser.add_argument("--context", type=int, default=512)
+    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--dtype", default="auto")
+    parser.add_argument("--attention-backend", default="auto")
+    parser.add_argument("--json", default="")
+    args = parser.parse_args()
+
+    llm = LLM(
+        checkpoint(args.family, args.preset),
+        dtype=args.dtype,
+        attention_backend=args.attention_backend,
+        max_num_seqs=max(args.batch),
+        max_num_batched_tokens=max(2048, args.context),
+        num_kv_blocks=max(args.batch) * (args.context + args.steps + 64) // 16 + 16,
+    )
+    config = llm.config.model
+    bandwidth = stream_bandwidth()
+    kv_bytes_per_token = 2 * config.num_layers * config.num_kv_heads * config.head_dim * config.dtype.itemsize
+    weights = weight_bytes(llm)
+    rows = []
+    for batch in args.batch:
+        times = decode_steps(llm, batch, args.context, args.steps)
+        step = statistics.median(times)
+        kv = batch * (args.context + args.steps // 2) * kv_bytes_per_token
+        floor = (weights + kv) / bandwidth["read_bytes_per_s"]
+        rows.append(
+            {
+                "batch": batch,
+                "median_step_s": step,
+                "weights_bytes": weights,
+                "kv_bytes": kv,
+                "floor_s": floor,
+                "floor_over_step": floor / step,
+                "effective_bytes_per_s": (weights + kv) / step,
+            }
+        )
+    result = {
+        "model": f"{args.family}-{args.preset}",
+        "dtype": str(config.dtype),
+        "attention_backend": llm.engine_core.executor.runner.attention_backend.name,
+        "threads": torch.get_num_threads(),
+        "load_before": os.getloadavg()[0],
+        "bandwidth": bandwidth,
+        "rows": rows,
+    }
+    print(
+        f"{result['model']} {result['dtype']} backend={result['attention_backend']} "
+        f"threads={result['threads']} load={result['load_before']:.2f}"
+    )
+    print(
+        f"STREAM copy {bandwidth['copy_bytes_per_s'] / 1e9:.1f} GB/s, "
+        f"read {bandwidth['read_bytes_per_s'] / 1e9:.1f} GB/s"
+    )
+    print(f"{'batch':>5} {'step ms':>9} {'floor ms':>9} {'floor/step':>11} {'GB/s':>7}")
+    for row in rows:
+        print(
+            f"{row['batch']:>5} {1e3 * row['median_step_s']:>9.2f} {1e3 * row['floor_s']:>9.2f} "
+            f"{row['floor_over_step']:>11.2f} {row['effective_bytes_per_s'] / 1e9:>7.1f}"
+        )
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=2)
+    llm.close()
+
+
+if __name__ == "__main__":
+    main()

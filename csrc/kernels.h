@@ -1,0 +1,86 @@
+// The kernels' pointer-level interface. ops.cpp checks tensors and fills these structs; the
+// kernel translation units never see an at::Tensor, so they skip ATen's heaviest headers (the
+// first build on a machine is paid by every fresh install, and header parsing dominates it).
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "attention_plan.h"
+#include "dtype.h"
+
+namespace mmserve {
+
+// [tokens, heads, head_dim] (or [tokens, width] with heads = 1) with a contiguous last dimension.
+struct Rows {
+  void* data;
+  Dtype dtype;
+  int64_t token_stride;
+  int64_t head_stride;
+};
+
+struct PagedAttentionArgs {
+  Rows out, query;
+  const void* kv_cache;  // [2, num_blocks, block_size, num_kv_heads, head_dim], contiguous
+  Dtype cache_dtype;
+  int64_t num_blocks, block_size, num_kv_heads, num_heads, head_dim;
+  std::vector<attention::Sequence> sequences;  // one per request with queries
+  std::vector<const int32_t*> block_tables;    // each sequence's block table row (ids checked)
+  float scale;
+};
+
+struct VarlenAttentionArgs {
+  Rows out, query, key, value;
+  int64_t num_heads, head_dim;
+  std::vector<attention::Sequence> sequences;  // one per non-empty segment
+  float scale;
+};
+
+struct WriteKvArgs {
+  Rows key, value;
+  void* kv_cache;
+  Dtype cache_dtype;
+  int64_t num_tokens, num_slots, num_kv_heads, head_dim;
+  const int64_t* slots;  // [num_tokens], each < num_slots; negative: skip the token
+};
+
+struct RmsNormArgs {
+  Rows out, x;  // [tokens, hidden]: head_stride unused
+  const void* weight;
+  Dtype weight_dtype;
+  int64_t num_tokens, hidden;
+  float eps;
+};
+
+struct FusedAddRmsNormArgs {
+  Rows x, residual;  // x's dtype for both; out is written into x
+  const void* weight;
+  Dtype weight_dtype;
+  int64_t num_tokens, hidden;
+  float eps;
+};
+
+struct SiluAndMulArgs {
+  Rows out, gate_up;
+  int64_t num_tokens, width;  // out's width d; gate_up holds 2 * d
+};
+
+struct MropeArgs {
+  Rows query, key;  // same dtype and head_dim
+  int64_t num_tokens, num_heads, num_kv_heads, head_dim;
+  const int64_t* positions;  // [3, num_tokens], all within the caches
+  int64_t position_row_stride, position_token_stride;
+  const float* cos_cache;  // [max_positions, head_dim / 2]
+  const float* sin_cache;
+  std::vector<int64_t> row_of_channel;  // [head_dim / 2], each 0, 1 or 2
+};
+
+void paged_attention(const PagedAttentionArgs& args);
+void varlen_attention(const VarlenAttentionArgs& args);
+void write_kv(const WriteKvArgs& args);
+void rms_norm(const RmsNormArgs& args);
+void fused_add_rms_norm(const FusedAddRmsNormArgs& args);
+void silu_and_mul(const SiluAndMulArgs& args);
+void mrope(const MropeArgs& args);
+
+}  // namespace mmserve

@@ -1,0 +1,64 @@
+// Float32 vector helpers over ATen's at::vec::Vectorized, shared by every kernel.
+//
+// The vector width follows the CPU_CAPABILITY the library was compiled for (AVX-512: 16 floats,
+// AVX2: 8, DEFAULT: an 8-float array the compiler vectorises as it can), so each kernel is
+// written once. Inputs may be float or bfloat16; arithmetic is always float32.
+#pragma once
+
+#include <ATen/cpu/vec/functional.h>
+#include <ATen/cpu/vec/vec.h>
+#include <c10/util/BFloat16.h>
+
+#include <cstdint>
+#include <limits>
+
+namespace mmserve {
+
+using BFloat16 = c10::BFloat16;
+using Vec = at::vec::Vectorized<float>;
+constexpr int kVecSize = Vec::size();
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+// Loads kVecSize consecutive elements as float32.
+inline Vec load_f32(const float* p) { return Vec::loadu(p); }
+inline Vec load_f32(const BFloat16* p) {
+  Vec out;
+  at::vec::load_fp32_from_bf16(p, out);
+  return out;
+}
+
+// Stores kVecSize float32 lanes, rounding to nearest-even for bfloat16.
+inline void store_f32(float* p, const Vec& v) { v.store(p); }
+inline void store_f32(BFloat16* p, const Vec& v) {
+  at::vec::convert_float_bfloat16(v, v).store(p, kVecSize);
+}
+
+// Rounds each lane to T's precision and back (identity for float): reproduces the dtype
+// round trips of the torch references, e.g. `normed.to(x.dtype)` before a multiply.
+template <typename T>
+inline Vec round_to(const Vec& v) {
+  if constexpr (std::is_same_v<T, float>) {
+    return v;
+  } else {
+    __at_align__ BFloat16 packed[2 * kVecSize];
+    at::vec::convert_float_bfloat16(v, v).store(packed);
+    Vec out;
+    at::vec::load_fp32_from_bf16(packed, out);
+    return out;
+  }
+}
+
+template <typename T>
+inline float round_to(float x) {
+  return static_cast<float>(static_cast<T>(x));
+}
+
+inline float reduce_sum(const Vec& v) {
+  return at::vec::vec_reduce_all<float>([](Vec& a, Vec& b) { return a + b; }, v);
+}
+
+inline float reduce_max(const Vec& v) {
+  return at::vec::vec_reduce_all<float>([](Vec& a, Vec& b) { return at::vec::maximum(a, b); }, v);
+}
+
+}  // namespace mmserve

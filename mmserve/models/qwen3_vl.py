@@ -1,0 +1,172 @@
+"""Qwen3-VL (dense): a ViT with learned, interpolated position embeddings and DeepStack features,
+in front of the Qwen3 language model.
+
+The vision tower embeds 16-pixel patches, adds a learned position table resampled (bilinear,
+corners aligned) to each frame's patch grid, and runs LayerNorm/GELU blocks with the same 2-D
+RoPE and per-frame attention as Qwen2-VL. Besides the merged output of the last block, the
+blocks listed in `deepstack_visual_indexes` each give a merged feature map; the language model
+adds feature d to the visual tokens' hidden states after its layer d.
+
+An item's embeddings are cached as one [num_tokens, (1 + D) · hidden] tensor (the main
+embeddings, then the D DeepStack features), so the encoder cache and chunked prefill slice all
+of them together; `merge_multimodal_embeddings` splits them again.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import nn
+
+from mmserve.config import ModelConfig, VisionConfig
+from mmserve.layers.activation import get_activation
+from mmserve.layers.attention import AttentionBackend, AttentionMetadata
+from mmserve.layers.rotary import VisionRotaryEmbedding, vision_patch_positions
+from mmserve.models.qwen2_vl import Grid, Qwen2VLForConditionalGeneration, VisionBlock, image_cu_seqlens
+from mmserve.models.qwen3 import Qwen3Model
+
+
+class Qwen3PatchEmbed(nn.Module):
+    """The checkpoint's Conv3d (stride = kernel, with a bias) as a matmul over flattened patches."""
+
+    def __init__(self, vision: VisionConfig) -> None:
+        super().__init__()
+        kernel = (vision.temporal_patch_size, vision.patch_size, vision.patch_size)
+        self.proj = nn.Module()
+        self.proj.weight = nn.Parameter(torch.empty(vision.dim, vision.in_channels, *kernel))
+        self.proj.bias = nn.Parameter(torch.empty(vision.dim))
+
+    def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
+        weight = self.proj.weight.flatten(1)  # [dim, C·T·P·P]
+        return nn.functional.linear(pixel_values.to(weight.dtype), weight, self.proj.bias)
+
+
+class Qwen3VisionMLP(nn.Module):
+    def __init__(self, dim: int, hidden: int, act: str) -> None:
+        super().__init__()
+        self.linear_fc1 = nn.Linear(dim, hidden)
+        self.linear_fc2 = nn.Linear(hidden, dim)
+        self.act = get_activation(act)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.linear_fc2(self.act(self.linear_fc1(x)))
+
+
+class Qwen3VisionBlock(VisionBlock):
+    """Qwen2-VL's block (LayerNorms, attention with 2-D RoPE, an MLP) with Qwen3's MLP names."""
+
+    mlp_class = Qwen3VisionMLP
+
+
+class Qwen3PatchMerger(nn.Module):
+    """Concatenates each merge block's patches and projects them to the language model width.
+    The main merger normalises each patch first; the DeepStack mergers normalise the
+    concatenation (`after_shuffle`)."""
+
+    def __init__(self, vision: VisionConfig, after_shuffle: bool) -> None:
+        super().__init__()
+        self.merged_dim = vision.dim * vision.spatial_merge_size**2
+        self.after_shuffle = after_shuffle
+        self.norm = nn.LayerNorm(self.merged_dim if after_shuffle else vision.dim, eps=1e-6)
+        self.linear_fc1 = nn.Linear(self.merged_dim, self.merged_dim)
+        self.act = nn.GELU()
+        self.linear_fc2 = nn.Linear(self.merged_dim, vision.out_dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x: [num_patches, dim] → [num_patches / merge², out_dim]."""
+        if self.after_shuffle:
+            x = self.norm(x.view(-1, self.merged_dim))
+        else:
+            x = self.norm(x).view(-1, self.merged_dim)
+        return self.linear_fc2(self.act(self.linear_fc1(x)))
+
+
+def position_interpolation(
+    grid_thw: Sequence[Grid], side: int, spatial_merge_size: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Bilinear taps (align_corners) into a side×side learned table for every patch, in the
+    processor's merge-block order, repeated per frame: (indices [N, 4] int64, weights [N, 4])."""
+    positions = vision_patch_positions(grid_thw, spatial_merge_size)  # [N, 2] (row, col)
+    heights = torch.cat([torch.full((t * h * w,), h) for t, h, w in grid_thw])
+    widths = torch.cat([torch.full((t * h * w,), w) for t, h, w in grid_thw])
+    taps, weights = [], []
+    for axis, size in ((0, heights), (1, widths)):
+        # source coordinate of each patch in the table: corners map to corners
+        source = positions[:, axis].float() * (side - 1) / torch.clamp(size - 1, min=1)
+        low = source.floor()
+        offsets = torch.arange(2)
+        taps.append((low.long()[:, None] + offsets).clamp(0, side - 1))  # [N, 2]
+        weights.append((1 - (source[:, None] - low[:, None] - offsets).abs()).clamp(min=0))
+    indices = (taps[0][:, :, None] * side + taps[1][:, None, :]).flatten(1)  # [N, 4]
+    return indices, (weights[0][:, :, None] * weights[1][:, None, :]).flatten(1)
+
+
+class Qwen3VisionTransformer(nn.Module):
+    def __init__(self, vision: VisionConfig) -> None:
+        super().__init__()
+        self.config = vision
+        self.patch_embed = Qwen3PatchEmbed(vision)
+        self.pos_embed = nn.Embedding(vision.num_position_embeddings, vision.dim)
+        self.side = int(vision.num_position_embeddings**0.5)
+        self.rotary = VisionRotaryEmbedding(vision.head_dim, vision.rope_theta)
+        self.blocks = nn.ModuleList(Qwen3VisionBlock(vision) for _ in range(vision.depth))
+        self.merger = Qwen3PatchMerger(vision, after_shuffle=False)
+        self.deepstack_merger_list = nn.ModuleList(
+            Qwen3PatchMerger(vision, after_shuffle=True) for _ in vision.deepstack_visual_indexes
+        )
+
+    def forward(self, pixel_values: torch.Tensor, grid_thw: Sequence[Grid]) -> torch.Tensor:
+        """pixel_values: [num_patches, C·T·P·P] → [num_patches / merge², (1 + D) · out_dim]:
+        the merged output, then each DeepStack feature, side by side."""
+        vision = self.config
+        x = self.patch_embed(pixel_values)  # [N, dim]
+        indices, weights = position_interpolation(grid_thw, self.side, vision.spatial_merge_size)
+        table = self.pos_embed(indices.to(x.device))  # [N, 4, dim]
+        x = x + (table * weights.to(x.device, table.dtype)[:, :, None]).sum(1).to(x.dtype)
+        positions = vision_patch_positions(grid_thw, vision.spatial_merge_size).to(x.device)
+        cos, sin = self.rotary.cos_sin(positions)
+        cu_seqlens = image_cu_seqlens(grid_thw)
+        features = []
+        for index, block in enumerate(self.blocks):
+            x = block(x, cos, sin, cu_seqlens)
+            if index in vision.deepstack_visual_indexes:
+                merger = self.deepstack_merger_list[vision.deepstack_visual_indexes.index(index)]
+                features.append(merger(x))
+        return torch.cat([self.merger(x), *features], dim=-1)
+
+
+class Qwen3VLForConditionalGeneration(Qwen2VLForConditionalGeneration):
+    """Vision tower + Qwen3 language model + LM head, behind the Qwen2-VL model interface."""
+
+    def __init__(self, config: ModelConfig, backend: AttentionBackend) -> None:
+        nn.Module.__init__(self)  # the parts differ from Qwen2-VL's; the interface does not
+        self.config = config
+        self.visual = Qwen3VisionTransformer(config.vision)
+        self.model = Qwen3Model(config, backend)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        if config.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+        # (visual rows, DeepStack features) of the step being run: set by
+        # merge_multimodal_embeddings, taken by the forward that follows it
+        self._deepstack: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    def merge_multimodal_embeddings(
+        self, embeds: torch.Tensor, rows: torch.Tensor, mm_embeds: torch.Tensor
+    ) -> torch.Tensor:
+        """embeds: [T, hidden]; rows: [V]; mm_embeds: [V, (1 + D) · hidden]."""
+        hidden = self.config.hidden_size
+        embeds[rows] = mm_embeds[:, :hidden].to(embeds.dtype)
+        deepstack = mm_embeds[:, hidden:].unflatten(1, (-1, hidden)).transpose(0, 1)  # [D, V, hidden]
+        self._deepstack = (rows, deepstack)
+        return embeds
+
+    def forward(
+        self,
+        inputs_embeds: torch.Tensor,  # [T, hidden]
+        positions: torch.Tensor,  # [3, T]
+        kv_caches: list[torch.Tensor],
+        metadata: AttentionMetadata,
+    ) -> torch.Tensor:
+        deepstack, self._deepstack = self._deepstack, None
+        return self.model(inputs_embeds, positions, kv_caches, metadata, deepstack)

@@ -1,0 +1,112 @@
+"""Typed wrappers over the C++ CPU kernels (`csrc/`, built on first use by `_extension`).
+
+Each function has the contract of the function of the same name in `mmserve.ops.reference`,
+except where it says "in place". Inputs are CPU tensors, float32 or bfloat16, whose last
+dimension is contiguous (rows may be strided views, e.g. q/k/v slices of a fused projection);
+the kernels accumulate in float32. Call `is_available()` first to fall back to torch when the
+kernels cannot be built here. The ops are called through their `.default` overloads, which
+skips the overload resolution of a plain `torch.ops` call (a few microseconds per call).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from mmserve.ops._extension import KernelBuildError, is_available, ops
+
+__all__ = [
+    "KernelBuildError",
+    "fused_add_rms_norm",
+    "is_available",
+    "mrope",
+    "paged_attention",
+    "rms_norm",
+    "silu_and_mul",
+    "varlen_attention",
+    "write_kv",
+]
+
+
+def paged_attention(
+    query: torch.Tensor,  # [T, H, D]
+    kv_cache: torch.Tensor,  # [2, B, S, KVH, D], this step's keys/values already written
+    query_start_loc: torch.Tensor,  # [R + 1] int32
+    seq_lens: torch.Tensor,  # [R] int32
+    block_table: torch.Tensor,  # [R, max_blocks] int32
+    scale: float,
+    out: torch.Tensor | None = None,  # [T, H, D] in query's dtype; allocated when None
+) -> torch.Tensor:
+    """Causal attention of every request's query rows (decode rows and prompt chunks mixed) over
+    its context, read through the block table. Rows of `out` outside every request are left as
+    they were. Block table entries past a request's context are never read."""
+    if out is None:
+        out = torch.empty_like(query)
+    ops().paged_attention.default(out, query, kv_cache, query_start_loc, seq_lens, block_table, scale)
+    return out
+
+
+def varlen_attention(
+    query: torch.Tensor,  # [N, H, D]
+    key: torch.Tensor,  # [N, H, D]
+    value: torch.Tensor,  # [N, H, D]
+    cu_seqlens: list[int] | torch.Tensor,  # segment s is rows [cu_seqlens[s], cu_seqlens[s + 1])
+    scale: float,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:  # [N, H, D]
+    """Bidirectional attention within each segment, all segments in one call."""
+    if out is None:
+        out = torch.empty_like(query)
+    bounds = (
+        cu_seqlens if isinstance(cu_seqlens, torch.Tensor) else torch.tensor(cu_seqlens, dtype=torch.int64)
+    )
+    ops().varlen_attention.default(out, query, key, value, bounds, scale)
+    return out
+
+
+def write_kv(
+    key: torch.Tensor,  # [T, KVH, D]
+    value: torch.Tensor,  # [T, KVH, D]
+    kv_cache: torch.Tensor,  # [2, B, S, KVH, D]
+    slot_mapping: torch.Tensor,  # [T] int64; negative slots are skipped
+) -> None:
+    """Stores each token's key and value at its slot (converting to the cache's dtype), in place."""
+    ops().write_kv.default(key, value, kv_cache, slot_mapping)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """x: [T, hidden] → weight * normed x, in the promoted dtype of x and weight."""
+    out = torch.empty(x.shape, dtype=torch.promote_types(x.dtype, weight.dtype))  # [T, hidden]
+    ops().rms_norm.default(out, x, weight, eps)
+    return out
+
+
+def fused_add_rms_norm(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """In place, as vLLM's: residual ← x + residual (in x's dtype), then x ← rms_norm(residual).
+
+    Returns (x, residual), the same tensor objects, now holding the reference's
+    (rms_norm(x + residual), x + residual). x and residual: [T, hidden], same dtype; weight must
+    not promote x's dtype (a float32 weight with bfloat16 x raises)."""
+    ops().fused_add_rms_norm.default(x, residual, weight, eps)
+    return x, residual
+
+
+def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """SwiGLU on a fused [T, 2 * d] gate/up projection → [T, d]."""
+    out = gate_up.new_empty(gate_up.shape[0], gate_up.shape[1] // 2)  # [T, d]
+    ops().silu_and_mul.default(out, gate_up)
+    return out
+
+
+def mrope(
+    query: torch.Tensor,  # [T, H, D]
+    key: torch.Tensor,  # [T, KVH, D]
+    positions: torch.Tensor,  # [3, T] int64
+    cos_cache: torch.Tensor,  # [max_positions, D / 2] float32
+    sin_cache: torch.Tensor,  # [max_positions, D / 2] float32
+    row_of_channel: torch.Tensor,  # [D / 2] int64
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """M-RoPE in place on query and key; returns them, equal to the reference's new tensors."""
+    ops().mrope.default(query, key, positions, cos_cache, sin_cache, row_of_channel)
+    return query, key

@@ -1,0 +1,86 @@
+"""Kernel sets: the ops one model runs with, chosen once per model by the attention backend.
+
+A `Kernels` bundles one implementation of every op the layers call. Contracts are those of
+`mmserve.ops.reference`, loosened in one way the layers rely on: `fused_add_rms_norm` and
+`mrope` may work in place (their inputs must not be read again by the caller) and return the
+results. Paged attention itself is the attention backend's business (`mmserve.layers.attention`);
+the kernel sets carry everything else, vision attention included.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import cache
+from itertools import pairwise
+
+import torch
+
+from mmserve.ops import reference
+from mmserve.ops.sdpa import varlen_attention_sdpa
+
+
+@dataclass(frozen=True)
+class Kernels:
+    name: str
+    rms_norm: Callable[[torch.Tensor, torch.Tensor, float], torch.Tensor]
+    fused_add_rms_norm: Callable[..., tuple[torch.Tensor, torch.Tensor]]
+    silu_and_mul: Callable[[torch.Tensor], torch.Tensor]
+    mrope: Callable[..., tuple[torch.Tensor, torch.Tensor]]
+    varlen_attention: Callable[..., torch.Tensor]
+
+
+TORCH_KERNELS = Kernels(
+    name="torch",
+    rms_norm=reference.rms_norm,
+    fused_add_rms_norm=reference.fused_add_rms_norm,
+    silu_and_mul=reference.silu_and_mul,
+    mrope=reference.mrope,
+    varlen_attention=varlen_attention_sdpa,
+)
+"""Plain torch: the reference every other set is checked against, on any device."""
+
+# Segments up to this many rows go to the C++ varlen kernel; longer ones (a whole image in a
+# full-attention block) to SDPA, which was faster there (benchmarks/kernels_cpu.py: 0.66x
+# for the kernel on one 1024-patch image, 1.13-2.8x on 64-patch windows).
+_CPU_VARLEN_MAX_SEGMENT = 256
+
+
+@cache
+def cpu_kernels() -> Kernels:
+    """The C++ kernels of csrc/ (built on first use); raises KernelBuildError if they cannot be."""
+    from mmserve.ops import cpu
+
+    cpu.ops()  # build or load now, so a failure surfaces here and not in the first step
+
+    def varlen_attention(query, key, value, cu_seqlens: list[int], scale: float) -> torch.Tensor:
+        longest = max((end - start for start, end in pairwise(cu_seqlens)), default=0)
+        if longest > _CPU_VARLEN_MAX_SEGMENT:
+            return varlen_attention_sdpa(query, key, value, cu_seqlens, scale)
+        return cpu.varlen_attention(query, key, value, cu_seqlens, scale)
+
+    return Kernels(
+        name="cpu",
+        rms_norm=cpu.rms_norm,
+        fused_add_rms_norm=cpu.fused_add_rms_norm,
+        silu_and_mul=cpu.silu_and_mul,
+        mrope=cpu.mrope,
+        varlen_attention=varlen_attention,
+    )
+
+
+@cache
+def triton_kernels() -> Kernels:
+    """The Triton kernels (on CUDA, or on CPU tensors in Triton's interpreter)."""
+    from mmserve.ops import triton as triton_ops
+
+    if not triton_ops.is_available():
+        raise RuntimeError("Triton kernels need the triton package and a CUDA device (or TRITON_INTERPRET=1)")
+    return Kernels(
+        name="triton",
+        rms_norm=triton_ops.rms_norm,
+        fused_add_rms_norm=triton_ops.fused_add_rms_norm,
+        silu_and_mul=triton_ops.silu_and_mul,
+        mrope=triton_ops.mrope,
+        varlen_attention=triton_ops.varlen_attention,
+    )

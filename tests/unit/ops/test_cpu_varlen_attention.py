@@ -1,0 +1,49 @@
+"""The C++ varlen (vision tower) attention kernel against the reference and the current torch path."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from mmserve.ops import cpu, reference
+from mmserve.ops.sdpa import varlen_attention_sdpa as torch_varlen_attention
+
+FP32_TOLERANCE = {"rtol": 1e-5, "atol": 1e-5}
+BF16_TOLERANCE = {"rtol": 2**-7, "atol": 1e-5}
+
+
+def random_bounds(rng: np.random.Generator, max_length: int) -> list[int]:
+    """cu_seqlens of 1–6 segments, some empty, some longer than a query tile or a key split."""
+    lengths = rng.integers(0, max_length + 1, size=int(rng.integers(1, 7)))
+    return [0, *np.cumsum(lengths).tolist()]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(("num_heads", "head_dim"), [(1, 32), (4, 64), (16, 80), (2, 128), (3, 44)])
+def test_random_segments_match_reference(num_heads, head_dim, dtype):
+    rng = np.random.default_rng([num_heads, head_dim])
+    generator = torch.Generator().manual_seed(num_heads * head_dim)
+    for _ in range(3):
+        bounds = random_bounds(rng, 300)
+        # q, k, v as views into one fused [N, 3, H, D] projection, as the vision tower makes them
+        qkv = torch.randn(bounds[-1], 3, num_heads, head_dim, generator=generator).to(dtype)
+        q, k, v = qkv.unbind(1)
+        got = cpu.varlen_attention(q, k, v, bounds, head_dim**-0.5)
+        want = reference.varlen_attention(q, k, v, bounds, head_dim**-0.5)
+        tolerance = FP32_TOLERANCE if dtype == torch.float32 else BF16_TOLERANCE
+        torch.testing.assert_close(got, want, **tolerance)
+
+
+def test_same_length_windows_match_the_torch_path():
+    """Qwen2.5-VL windows: many equal segments plus a ragged last one."""
+    bounds = [0, *range(64, 64 * 12 + 1, 64), 64 * 12 + 37]
+    q, k, v = (torch.randn(bounds[-1], 16, 80) for _ in range(3))
+    got = cpu.varlen_attention(q, k, v, torch.tensor(bounds), 80**-0.5)
+    torch.testing.assert_close(got, torch_varlen_attention(q, k, v, bounds, 80**-0.5), **FP32_TOLERANCE)
+
+
+def test_segments_past_the_rows_are_rejected():
+    q = torch.randn(10, 2, 32)
+    with pytest.raises(RuntimeError, match="cu_seqlens"):
+        cpu.varlen_attention(q, q, q, [0, 5, 11], 1.0)
