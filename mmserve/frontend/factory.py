@@ -77,7 +77,7 @@ def build_frontend(
             config.model.max_model_len,
             config.multimodal.max_images_per_prompt,
             video_support(config, tokenizer),
-            special_tokens_in_content,
+            special_tokens_in_content=special_tokens_in_content,
         )
         default_params = default_sampling_params(
             model_dir, open_ended=open_ended, eos_token_ids=config.model.eos_token_ids

@@ -193,6 +193,27 @@ ROUTES: list[Http] = [
         "model_card_long_id", "GET", "/v1/models/" + "m" * 5000, 404, "does not exist", code="model_not_found"
     ),
     Http("missing_static_file", "GET", "/static/nope.js", 404, "no route"),
+    # /tokenize checked the model name of no request
+    Http(
+        "tokenize_wrong_model",
+        "POST",
+        "/tokenize",
+        404,
+        "does not exist",
+        {"content-type": "application/json"},
+        b'{"model": "gpt-4o", "prompt": "x"}',
+        code="model_not_found",
+    ),
+    Http(
+        "chat_long_wrong_model",
+        "POST",
+        CHAT,
+        404,
+        "does not exist",
+        {"content-type": "application/json"},
+        b'{"model": "' + b"m" * 5000 + b'", "messages": [{"role": "user", "content": "x"}]}',
+        code="model_not_found",
+    ),
     # --- class 7: bodies a web page can send cross-site without a CORS preflight
     Http(
         "text_plain_body", "POST", CHAT, 415, "application/json", {"content-type": "text/plain"}, VALID_BODY
@@ -330,6 +351,16 @@ def test_what_a_browser_on_this_server_or_a_local_client_sends_is_served(
     assert response.json()["choices"][0]["message"]["content"] == valid_answer
 
 
+def test_tokenize_honours_add_generation_prompt(hardened):
+    """/tokenize rendered the generation prompt whatever the request said."""
+    messages = [{"role": "user", "content": "hi"}]
+    with_prompt, without = (
+        hardened.post("/tokenize", {"messages": messages, "add_generation_prompt": flag}).json()["tokens"]
+        for flag in (True, False)
+    )
+    assert len(with_prompt) > len(without) and with_prompt[: len(without)] == without
+
+
 def test_model_card_of_the_served_model(hardened):
     listed = httpx.get(hardened.url + "/v1/models", headers=hardened.headers, timeout=10).json()["data"][0]
     card = httpx.get(hardened.url + f"/v1/models/{listed['id']}", headers=hardened.headers, timeout=10)
@@ -352,6 +383,11 @@ def test_cached_images_hold_no_descriptor_in_the_server(hardened, valid_answer):
 
 
 def test_the_new_corpus_is_large_and_covers_every_class():
-    cases = len(BOUNDED) + len(ROUTES)
-    assert cases >= 45, cases  # plus role injection, connections, the drain, worker deaths, the watchdog
-    assert len({c.id for c in BOUNDED} | {c.id for c in ROUTES}) == len(BOUNDED) + len(ROUTES)
+    """Issue 20's corpus: at least 60 new cases with an error body, health and the canary
+    checked (here and in test_request_values.py); role injection, n > 1 streams, connections,
+    the drain, worker deaths and the watchdog come on top."""
+    from test_request_values import TOKEN_IDS
+
+    ids = [c.id for c in BOUNDED] + [c.id for c in ROUTES] + [c.id for c, _ in TOKEN_IDS]
+    assert len(ids) >= 60, len(ids)
+    assert len(set(ids)) == len(ids)
