@@ -224,7 +224,9 @@ def run(args: argparse.Namespace) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--minutes", type=float, default=10.0, help="length of the chaos phase")
     parser.add_argument("--warmup-s", type=float, default=30.0, help="traffic before the baseline")
     parser.add_argument("--concurrency", type=int, default=32)

@@ -36,8 +36,14 @@ def vocab_size(model_path) -> int:
 VOCAB = object()
 
 TOKEN_IDS: list[tuple[Case, str]] = [
-    (Case("stop_token_id_1e6_with_min_tokens", chat("hi", stop_token_ids=[1_000_000], min_tokens=2), 400), "stop_token_ids"),
-    (Case("stop_token_id_at_vocab_size", chat("hi", stop_token_ids=[VOCAB], min_tokens=1), 400), "stop_token_ids"),
+    (
+        Case("stop_token_id_1e6_with_min_tokens", chat("hi", stop_token_ids=[1_000_000], min_tokens=2), 400),
+        "stop_token_ids",
+    ),
+    (
+        Case("stop_token_id_at_vocab_size", chat("hi", stop_token_ids=[VOCAB], min_tokens=1), 400),
+        "stop_token_ids",
+    ),
     (Case("stop_token_id_negative", chat("hi", stop_token_ids=[-1], min_tokens=1), 400), "stop_token_ids"),
     (Case("stop_token_id_after_good_ones", chat("hi", stop_token_ids=[0, 1, 2**31]), 400), "stop_token_ids"),
     (Case("logit_bias_id_1e6", chat("hi", logit_bias={"1000000": 5}), 400), "logit_bias"),
@@ -49,20 +55,39 @@ TOKEN_IDS: list[tuple[Case, str]] = [
     (Case("allowed_token_id_1e6", chat("hi", allowed_token_ids=[1_000_000]), 400), "allowed_token_ids"),
     (Case("allowed_token_id_negative", chat("hi", allowed_token_ids=[5, -7]), 400), "allowed_token_ids"),
     (
-        Case("completions_stop_token_id_1e6", completion(stop_token_ids=[1_000_000], min_tokens=2), 400, route=COMPLETIONS),
+        Case(
+            "completions_stop_token_id_1e6",
+            completion(stop_token_ids=[1_000_000], min_tokens=2),
+            400,
+            route=COMPLETIONS,
+        ),
         "stop_token_ids",
     ),
     (
-        Case("completions_logit_bias_at_vocab_size", completion(logit_bias={VOCAB: 3}), 400, route=COMPLETIONS),
+        Case(
+            "completions_logit_bias_at_vocab_size", completion(logit_bias={VOCAB: 3}), 400, route=COMPLETIONS
+        ),
         "logit_bias",
     ),
     (
-        Case("completions_allowed_token_id_at_vocab_size", completion(allowed_token_ids=[VOCAB]), 400, route=COMPLETIONS),
+        Case(
+            "completions_allowed_token_id_at_vocab_size",
+            completion(allowed_token_ids=[VOCAB]),
+            400,
+            route=COMPLETIONS,
+        ),
         "allowed_token_ids",
     ),
     (Case("prompt_token_id_1e6", completion(prompt=[1, 2, 1_000_000]), 400, route=COMPLETIONS), "prompt"),
     (Case("prompt_token_id_negative", completion(prompt=[[5], [-1]]), 400, route=COMPLETIONS), "prompt"),
-    (Case("streamed_stop_token_id_1e6", chat("hi", stop_token_ids=[1_000_000], min_tokens=2, stream=True), 400), "stop_token_ids"),
+    (
+        Case(
+            "streamed_stop_token_id_1e6",
+            chat("hi", stop_token_ids=[1_000_000], min_tokens=2, stream=True),
+            400,
+        ),
+        "stop_token_ids",
+    ),
 ]
 
 
@@ -109,7 +134,12 @@ def _events(response: httpx.Response) -> list[dict]:
 
 
 STREAMS = [
-    ("chat_n3_sampled", CHAT, {**chat("Tell me a story."), "n": 3, "max_tokens": 12, "temperature": 1.0, "seed": 3}, 3),
+    (
+        "chat_n3_sampled",
+        CHAT,
+        {**chat("Tell me a story."), "n": 3, "max_tokens": 12, "temperature": 1.0, "seed": 3},
+        3,
+    ),
     ("chat_n4_greedy_eos", CHAT, {**chat("hi"), "n": 4, "max_tokens": 16, "temperature": 0}, 4),
     (
         "completions_n3_sampled",
@@ -117,8 +147,18 @@ STREAMS = [
         completion(n=3, max_tokens=12, temperature=1.0, seed=5, prompt="Once upon a time"),
         3,
     ),
-    ("completions_2_prompts_n2", COMPLETIONS, completion(n=2, max_tokens=8, temperature=1.0, seed=7, prompt=["a", "b"]), 4),
-    ("chat_n2_with_usage", CHAT, {**chat("hi"), "n": 2, "max_tokens": 6, "temperature": 0, "stream_options": {"include_usage": True}}, 2),
+    (
+        "completions_2_prompts_n2",
+        COMPLETIONS,
+        completion(n=2, max_tokens=8, temperature=1.0, seed=7, prompt=["a", "b"]),
+        4,
+    ),
+    (
+        "chat_n2_with_usage",
+        CHAT,
+        {**chat("hi"), "n": 2, "max_tokens": 6, "temperature": 0, "stream_options": {"include_usage": True}},
+        2,
+    ),
 ]
 
 
@@ -138,7 +178,8 @@ def test_each_streamed_choice_finishes_exactly_once(hardened, valid_answer, name
             if choice.get("finish_reason"):
                 finished.add(choice["index"])
     # The stream is the answer cut into pieces: the same texts as the same request unstreamed.
-    whole = hardened.post(route, body).json()["choices"]
+    unstreamed = {key: value for key, value in body.items() if key != "stream_options"}
+    whole = hardened.post(route, unstreamed).json()["choices"]
     key = "text" if route == COMPLETIONS else "delta"
     for choice in whole:
         pieces = [
