@@ -15,6 +15,7 @@ _TYPES = {
     408: "timeout_error",
     413: "invalid_request_error",
     415: "invalid_request_error",
+    431: "invalid_request_error",
     499: "client_closed_request",  # nginx's code: the client went away; no one reads the body
     500: "internal_server_error",
     503: "service_unavailable",

@@ -2,10 +2,11 @@
 
 uvicorn's HTTP/1.1 protocol has no header or body read timeout (a half-sent header stayed
 open for as long as the client liked) and no cap on open connections short of the descriptor
-limit. `GuardedH11Protocol` adds them: a request's headers must arrive within
-`header_timeout_s` of its first byte (or of the connection opening), a body may pause at most
-`read_timeout_s`, and past `max_connections` a connection is answered 503 and closed. Every
-answer it sends itself is an OpenAI error body.
+limit; its header size cap (h11's) applies only to headers that arrive in pieces.
+`GuardedH11Protocol` adds them: a request's headers must arrive within `header_timeout_s` of
+its first byte (or of the connection opening) and fit `MAX_HEADER_BYTES` (else 431), a body
+may pause at most `read_timeout_s`, and past `max_connections` a connection is answered 503
+and closed. Every answer it sends itself is an OpenAI error body.
 
 `DrainingServer` makes SIGTERM a drain: uvicorn stops accepting and closes idle connections,
 running requests get `shutdown_timeout_s` to finish, then `on_shutdown`'s deadline ends the
@@ -36,6 +37,7 @@ from mmserve.entrypoints.openai.errors import error_body
 logger = logging.getLogger("mmserve.http")
 
 _SHUTDOWN_MARGIN_S = 3.0  # after the drain deadline, for the last error events to go out
+MAX_HEADER_BYTES = 32 << 10  # a request line and headers (nginx's default buffers hold 32 KiB)
 
 
 @dataclass(frozen=True)
@@ -55,6 +57,7 @@ class GuardedH11Protocol(H11Protocol):
         super().__init__(*args, **kwargs)
         self._header_timer: asyncio.TimerHandle | None = None
         self._read_timer: asyncio.TimerHandle | None = None
+        self._header_bytes = 0  # of the request whose headers are arriving
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -70,8 +73,19 @@ class GuardedH11Protocol(H11Protocol):
         self._arm_header_timer()
 
     def data_received(self, data: bytes) -> None:
+        if self.conn.their_state is h11.IDLE and not self._headers_fit(data):
+            self._write_error_and_close(431, f"the request headers exceed {MAX_HEADER_BYTES:,} bytes")
+            return
         super().data_received(data)
         self._watch_request()
+
+    def _headers_fit(self, data: bytes) -> bool:
+        """Count the header bytes in `data` (up to the blank line that ends them, if it is in
+        `data`); False once they exceed `MAX_HEADER_BYTES`."""
+        end = data.find(b"\r\n\r\n")
+        seen = self._header_bytes + (len(data) if end < 0 else end + 4)
+        self._header_bytes = seen if end < 0 else 0
+        return seen <= MAX_HEADER_BYTES
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._cancel_timers()
@@ -138,7 +152,7 @@ class GuardedH11Protocol(H11Protocol):
         self.transport.close()
 
 
-_REASONS = {400: "Bad Request", 408: "Request Timeout"}
+_REASONS = {400: "Bad Request", 408: "Request Timeout", 431: "Request Header Fields Too Large"}
 
 
 def guarded_protocol(limits: ConnectionLimits) -> type[GuardedH11Protocol]:
@@ -152,7 +166,12 @@ def _over_capacity(max_connections: int):
     body = json.dumps(error_body(503, message)).encode()
 
     async def app(scope: Scope, receive: Receive, send: Send) -> None:
-        headers = [(b"content-type", b"application/json"), (b"connection", b"close"), (b"retry-after", b"1")]
+        headers = [
+            (b"content-type", b"application/json"),
+            (b"content-length", str(len(body)).encode()),
+            (b"connection", b"close"),
+            (b"retry-after", b"1"),
+        ]
         await send({"type": "http.response.start", "status": 503, "headers": headers})
         await send({"type": "http.response.body", "body": body})
 
@@ -198,6 +217,7 @@ def build_server(
             log_level=log_level.lower(),
             http=guarded_protocol(limits),
             timeout_keep_alive=config.keep_alive_timeout_s,
+            h11_max_incomplete_event_size=2 * MAX_HEADER_BYTES,  # the cap above answers first
             timeout_graceful_shutdown=config.shutdown_timeout_s + _SHUTDOWN_MARGIN_S,
         ),
         on_shutdown,
