@@ -14,7 +14,6 @@ from mmserve.entrypoints.openai.disconnect import until_disconnected
 from mmserve.entrypoints.openai.errors import OpenAIError, bad_request
 from mmserve.entrypoints.openai.generation import Generation, check_request, client_error
 from mmserve.entrypoints.openai.parsing import json_body, parse_body
-from mmserve.entrypoints.openai.responses import json_response
 from mmserve.entrypoints.openai.schemas import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -96,13 +95,14 @@ async def _respond(
     request: ChatCompletionRequest | CompletionRequest,
     generation: Generation,
     stream_body: Callable[[Generation, ChatCompletionRequest | CompletionRequest], AsyncIterator[str]],
-    response_body: Callable[[Generation], Awaitable[dict]],
+    response_body: Callable[[Generation], Awaitable[bytes]],
 ) -> Response:
     """An SSE stream if the request asked for one, else the JSON body (abandoned, and its
     engine requests aborted, if the client leaves first)."""
     if request.stream:
         return StreamingResponse(stream_body(generation, request), media_type="text/event-stream")
-    return await json_response(await until_disconnected(raw, response_body(generation)))
+    body = await until_disconnected(raw, response_body(generation))  # JSON, rendered off the loop
+    return Response(body, media_type="application/json")
 
 
 @router.post("/tokenize", openapi_extra=json_body(TokenizeRequest))

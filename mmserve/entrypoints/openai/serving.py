@@ -28,6 +28,7 @@ from mmserve.entrypoints.openai.logprobs_format import (
     completion_logprobs,
     prompt_logprobs_json,
 )
+from mmserve.entrypoints.openai.responses import answer_bytes
 from mmserve.entrypoints.openai.schemas import ChatCompletionRequest, CompletionRequest, FieldError
 from mmserve.entrypoints.openai.state import AppState
 from mmserve.entrypoints.openai.streaming import ChatChoiceStream, CompletionChoiceStream, stream_response
@@ -154,9 +155,10 @@ def _chat_message(completion: CompletionOutput, generation: Generation) -> tuple
     return message, "tool_calls" if completion.finish_reason == "stop" else completion.finish_reason
 
 
-async def chat_response(generation: Generation) -> dict:
-    [output] = await generation.final_outputs()
-    return await asyncio.to_thread(_chat_body, generation, output)  # megabytes, built off the loop
+async def chat_response(generation: Generation) -> bytes:
+    """The JSON body, built, rendered and freed off the loop (see responses.py)."""
+    owned = [await generation.final_outputs()]  # the thread takes the only reference
+    return await asyncio.to_thread(answer_bytes, lambda outputs: _chat_body(generation, *outputs), owned)
 
 
 def _chat_body(generation: Generation, output: RequestOutput) -> dict:
@@ -242,9 +244,10 @@ def _best(completions: list[CompletionOutput], count: int, keep_logprobs: bool) 
     ]
 
 
-async def completion_response(generation: Generation) -> dict:
-    outputs = await generation.final_outputs()
-    return await asyncio.to_thread(_completion_body, generation, outputs)  # built off the loop
+async def completion_response(generation: Generation) -> bytes:
+    """The JSON body, built, rendered and freed off the loop (see responses.py)."""
+    owned = [await generation.final_outputs()]  # the thread takes the only reference
+    return await asyncio.to_thread(answer_bytes, lambda outputs: _completion_body(generation, outputs), owned)
 
 
 def _completion_body(generation: Generation, outputs: list[RequestOutput]) -> dict:

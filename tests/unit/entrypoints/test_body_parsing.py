@@ -14,8 +14,9 @@ from mmserve.entrypoints.openai import long_strings
 from mmserve.entrypoints.openai.errors import OpenAIError
 from mmserve.entrypoints.openai.limits import MAX_CHOICES, check_answer_size, check_prompt_logprobs_size
 from mmserve.entrypoints.openai.parsing import MAX_JSON_CONTAINERS, decode_json
-from mmserve.entrypoints.openai.responses import render_json
+from mmserve.entrypoints.openai.responses import answer_bytes, free_in_pieces, render_json
 from mmserve.frontend.media import RawDataUrl, decode_data_url
+from mmserve.outputs import CompletionOutput, Logprob, RequestOutput
 from mmserve.sampling_params import SamplingParams
 
 LONG = long_strings.MIN_BYTES + 17
@@ -107,6 +108,37 @@ def test_bodies_beyond_json_or_the_bounds_are_400s(body: bytes) -> None:
 def test_answers_rendered_in_pieces_are_starlettes_bytes(value: object) -> None:
     expected = json.dumps(value, ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode()
     assert render_json(value) == expected
+
+
+def test_an_answer_is_rendered_then_taken_apart_with_its_outputs() -> None:
+    logprobs = [{7: Logprob(-0.1, 1, "a")} for _ in range(1000)]
+    output = RequestOutput(
+        "r", None, [1], [CompletionOutput(0, "a" * 1000, [7] * 1000, logprobs=logprobs)], True
+    )
+    built: list[dict] = []
+
+    def build(outputs: list[RequestOutput]) -> dict:
+        completion = outputs[0].outputs[0]
+        built.append(
+            {
+                "choices": [
+                    {"logprobs": {"content": [{"t": entry[7].logprob} for entry in completion.logprobs]}}
+                ]
+            }
+        )
+        return built[0]
+
+    expected = render_json(build([output]))
+    built.clear()
+    owned = [[output]]
+    assert answer_bytes(build, owned) == expected
+    assert owned == [] and logprobs == [] and built[0] == {}  # taken apart in the thread
+
+
+def test_free_in_pieces_empties_every_level() -> None:
+    value = {"a": [{"b": [[1] * 500]}], "c": "x"}
+    free_in_pieces(value)
+    assert value == {}
 
 
 def test_answer_size_bounds() -> None:
