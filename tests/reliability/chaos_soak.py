@@ -174,7 +174,7 @@ def run(args: argparse.Namespace) -> dict:
         log_path=args.log,
         threads=args.threads,
     )
-    report: dict = {"args": {k: str(v) for k, v in vars(args).items()}, "load_before": os.getloadavg()}
+    report: dict = {"args": {k: str(v) for k, v in vars(args).items()}, "load_before": _load()}
     children: list[int] = []
     prefix = ""
     try:
@@ -218,9 +218,13 @@ def run(args: argparse.Namespace) -> dict:
     checks["sigterm_exit_status_0"] = exit_code == 0
     checks["children_gone"] = wait_for(lambda: not any(is_alive(p) for p in children), 10)
     checks["no_segments_left"] = bool(prefix) and segments(prefix) == []
-    report["load_after"] = os.getloadavg()
+    report["load_after"] = _load()
     report["passed"] = all(checks.values())
     return report
+
+
+def _load() -> list[float]:
+    return [round(x, 2) for x in os.getloadavg()]
 
 
 def main(argv: list[str] | None = None) -> int:
