@@ -5,9 +5,10 @@ the EngineCore process; shutdown stops them. If EngineCore dies, /health turns 5
 requests fail, and `on_engine_dead` is called (the CLI then exits with a non-zero status, so a
 supervisor restarts the server). At SIGTERM the `Drain` gives running requests their grace period.
 
-Middleware, outermost first: the Host check, the Origin check, the body size limit, then inside
-FastAPI CORS (only with --allowed-origins) and the API key, so a CORS preflight (which carries no
-key) is answered and a 401 still carries CORS headers.
+Middleware, outermost first: the count of requests in flight (for the garbage collector), the
+Host check, the Origin check, the body size limit, then inside FastAPI CORS (only with
+--allowed-origins) and the API key, so a CORS preflight (which carries no key) is answered and
+a 401 still carries CORS headers.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from mmserve.config import EngineConfig, ServerConfig
 from mmserve.entrypoints.openai.collector import Collector
 from mmserve.entrypoints.openai.drain import Drain
 from mmserve.entrypoints.openai.errors import OpenAIError, bad_request
-from mmserve.entrypoints.openai.middleware import ApiKeyAuth, BodySizeLimit, HostCheck, OriginCheck
+from mmserve.entrypoints.openai.middleware import ApiKeyAuth, BodySizeLimit, HostCheck, InFlight, OriginCheck
 from mmserve.entrypoints.openai.parsing import describe_validation
 from mmserve.entrypoints.openai.routes import WEB_DIR, router
 from mmserve.entrypoints.openai.state import AppState
@@ -50,6 +51,7 @@ async def serving(
     server_config: ServerConfig,
     on_engine_dead: Callable[[], None] | None,
     drain: Drain,
+    in_flight: InFlight,
 ) -> AsyncIterator[AppState]:
     """The routes' state while the server runs: the frontend and a started EngineCore."""
     # Requests do their CPU work (parsing, images, tokenising, answers) and their image
@@ -87,7 +89,9 @@ async def serving(
         frontend.pool.segment_prefix,
     )
     drain.attach(engine)
-    collector = Collector(busy=lambda: engine.num_unfinished > 0)
+    # Busy while a request is served, not only while the engine runs it: a large answer is
+    # built after its engine request finished, and a full collection would walk all of it.
+    collector = Collector(busy=lambda: in_flight.count > 0 or engine.num_unfinished > 0)
     collector.start()
     try:
         yield AppState(engine, frontend, metrics, server_config, drain)
@@ -108,7 +112,7 @@ def build_app(
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        async with serving(engine_config, server_config, on_engine_dead, drain) as state:
+        async with serving(engine_config, server_config, on_engine_dead, drain, in_flight) as state:
             app.state.mmserve = state
             yield
 
@@ -127,7 +131,10 @@ def build_app(
     app.include_router(router)
     app.mount("/static", StaticFiles(directory=WEB_DIR), name="static")
     limited = BodySizeLimit(app, server_config.max_body_bytes)
-    return HostCheck(OriginCheck(limited, server_config.allowed_origins), server_config.served_hosts)
+    in_flight = InFlight(
+        HostCheck(OriginCheck(limited, server_config.allowed_origins), server_config.served_hosts)
+    )
+    return in_flight  # (the lifespan above reads it at start-up)
 
 
 def _add_error_handlers(app: FastAPI) -> None:

@@ -10,9 +10,10 @@ objects stopped every request and /health for 0.15-0.4 s on a busy machine. So:
 * the oldest generation is never collected automatically; the young ones still are (their
   cost is bounded by their size, thousands of objects), and reference counting frees all
   garbage that is not a cycle, which is nearly all of a request's;
-* a full collection runs once the server has been idle (nothing in flight) for `IDLE_S` after
-  work, and at the latest every `MAX_INTERVAL_S`, so cycles that reached the oldest generation
-  do not pile up.
+* a full collection runs once the server has been idle (no HTTP request being served, none in
+  the engine: a large answer is still being built after its engine request finished) for
+  `IDLE_S` after work, and at the latest every `MAX_INTERVAL_S`, so cycles that reached the
+  oldest generation do not pile up.
 """
 
 from __future__ import annotations

@@ -148,6 +148,24 @@ class OriginCheck:
             return False
 
 
+class InFlight:
+    """Counts the HTTP requests being served (from the first byte of the request to the last
+    of its answer): the garbage collector waits for none (see collector.py)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+        self.count = 0
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        self.count += 1
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            self.count -= 1
+
+
 def needs_key(path: str) -> bool:
     """The OpenAI routes and the tokenizer routes; /health, /metrics and the chat page are open."""
     return path.startswith("/v1/") or path in ("/tokenize", "/detokenize")
