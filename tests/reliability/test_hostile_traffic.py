@@ -137,6 +137,19 @@ BOUNDED: list[Case] = [
         "log-probabilities",
         "/v1/completions",
     ),
+    # --- found by the schema fuzzer after the merge: malformed tool_calls were 500s (AttributeError)
+    Case(
+        "tool_calls_of_strings",
+        {"messages": [{"role": "assistant", "tool_calls": ["x"]}, {"role": "user", "content": "hi"}]},
+        400,
+        "must be an object",
+    ),
+    Case(
+        "tool_calls_not_a_list",
+        {"messages": [{"role": "assistant", "tool_calls": "x"}, {"role": "user", "content": "hi"}]},
+        400,
+        "must be a list",
+    ),
     # --- class 4: truncated images (the JPEGs were decoded with grey fill, for seconds)
     Case("jpeg_600_bytes_claiming_5000x5000", jpeg(jpeg_claiming(5000, 5000)), 400, "truncated"),
     Case("jpeg_claiming_7000x7000", jpeg(jpeg_claiming(7000, 7000)), 400, "truncated"),
