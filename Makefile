@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 MODEL ?=
 SERVE_ARGS ?=
 
-.PHONY: setup serve test lint format soak clean
+.PHONY: setup serve test lint format soak chaos-soak clean
 
 setup: $(STAMP)
 
@@ -37,6 +37,12 @@ format: $(STAMP)
 
 soak: $(STAMP)
 	$(BIN)/python tests/reliability/soak.py --out soak-results.json --log soak-server.log
+
+# Issue 20's chaos soak: CHAOS_MINUTES of traffic at concurrency 32, a preprocess worker killed every 20 s.
+CHAOS_MINUTES ?= 10
+chaos-soak: $(STAMP)
+	$(BIN)/python tests/reliability/chaos_soak.py --minutes $(CHAOS_MINUTES) --concurrency 32 --kill-every 20 \
+		--out chaos-results.json --log chaos-server.log
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache

@@ -410,3 +410,35 @@ class ServerConfig:
     allowed_local_media_path: str | None = None  # None = no file:// or local-path images
     allowed_media_domains: tuple[str, ...] = ()  # hosts http(s) images may come from
     max_body_bytes: int = 64 << 20
+    # Message content's special-token text is plain text unless this is set (role injection).
+    allow_special_tokens_in_content: bool = False
+    # Browser safety. Host names the server answers to (None: the loopback names when bound to
+    # a loopback address, any name otherwise; a leading "*." matches subdomains), and origins
+    # whose pages may call it across origins (CORS; vLLM's flags). Same-origin pages always may.
+    allowed_hosts: tuple[str, ...] | None = None
+    allowed_origins: tuple[str, ...] = ()
+    allow_credentials: bool = False
+    allowed_methods: tuple[str, ...] = ("*",)
+    allowed_headers: tuple[str, ...] = ("*",)
+    # Connections: how many may be open (more get a 503), how long a client may take to send a
+    # request's headers, how long it may pause while sending a body, how long an idle
+    # keep-alive connection stays open, and how long running requests get to finish at SIGTERM.
+    max_connections: int = 2048
+    header_timeout_s: float = 10.0
+    read_timeout_s: float = 30.0
+    keep_alive_timeout_s: float = 5.0
+    shutdown_timeout_s: float = 5.0
+
+    @property
+    def served_hosts(self) -> tuple[str, ...]:
+        """The Host names answered: ("*",) for any."""
+        if self.allowed_hosts is not None:
+            return self.allowed_hosts
+        if self.host in LOOPBACK_NAMES or self.host.startswith("127."):
+            return tuple(dict.fromkeys((*LOOPBACK_NAMES, self.host)))
+        return ("*",)
+
+
+# What a client on this machine may call a loopback-bound server. Anything else reaching it
+# came through a proxy or a DNS name pointed at 127.0.0.1 by a web page (DNS rebinding).
+LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")

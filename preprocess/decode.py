@@ -19,6 +19,7 @@ from PIL import Image, ImageOps, UnidentifiedImageError
 from preprocess.errors import CorruptImage, ImageTooLarge, UnsupportedImageFormat
 from preprocess.image import check_aspect_ratio
 from preprocess.settings import ProcessorSettings
+from preprocess.structure import check_scan_count, check_structure
 
 _EXIF_ORIENTATION = 0x0112
 _SWAPS_SIDES = frozenset((5, 6, 7, 8))  # transpose / rotate ±90°
@@ -75,9 +76,11 @@ def check_size(width: int, height: int, settings: ProcessorSettings) -> None:
 
 
 def open_encoded(data: bytes, settings: ProcessorSettings) -> Image.Image:
-    """Parse the header only (no pixels decoded) and check the announced size."""
+    """Parse the header only (no pixels decoded) and check the announced size, after the
+    container's structure (see structure.py)."""
     if not data:
         raise UnsupportedImageFormat("image data is empty")
+    check_structure(data)
     try:
         image = Image.open(io.BytesIO(data), formats=settings.formats)
     except Image.DecompressionBombError as exc:
@@ -125,6 +128,7 @@ def decode_rgb(source: ImageSource, settings: ProcessorSettings) -> Image.Image:
         check_size(*source.size, settings)
         return to_rgb(source.to_pil())
     image = open_encoded(source, settings)
+    check_scan_count(source)
     try:
         image.load()
         # `exif_transpose` returns a full copy even when there is nothing to do; skip that case.

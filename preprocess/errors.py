@@ -33,6 +33,11 @@ class ImageTooLarge(ImageError):
     """The header announces more pixels than allowed (decompression-bomb guard)."""
 
 
+class ImageTooComplex(ImageError):
+    """The container holds more chunks, markers, blocks or tags than a real image needs
+    (each costs parsing time; a file of millions of empty ones is a denial of service)."""
+
+
 class ExtremeAspectRatio(ImageError):
     """The longer side is more than 200 times the shorter one (the model's limit)."""
 

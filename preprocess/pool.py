@@ -108,14 +108,13 @@ class PreprocessPool:
         return claim if isinstance(claim, ProcessedImage) else claim.result()
 
     async def process_async(self, image: PoolInput, mm_hash: str | None = None) -> ProcessedImage:
-        """`process` for asyncio: waits for a slot and for the result without blocking the loop."""
-        mm_hash, source = self._identify(image, mm_hash)
+        """`process` for asyncio: never blocks the loop. Hashing and the header check run in a
+        thread (their cost grows with the image: megabytes to hash, a header to parse); the
+        slot and the result are awaited."""
+        mm_hash, source = await asyncio.to_thread(self._identify, image, mm_hash)
         claim = self._claim(mm_hash, count=True)
         if claim is None:
-            if isinstance(source, VideoSource):  # probing a container demuxes it: off the loop
-                segment_bytes = await asyncio.to_thread(self._segment_bytes, source)
-            else:
-                segment_bytes = self._segment_bytes(source)
+            segment_bytes = await asyncio.to_thread(self._segment_bytes, source)
             await self._gate.acquire_async()
             claim = self._start(mm_hash, source, segment_bytes)
         return claim if isinstance(claim, ProcessedImage) else await asyncio.wrap_future(claim)

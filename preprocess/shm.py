@@ -4,11 +4,15 @@ A worker creates a segment (or reuses a spare the pool hands it) and writes it; 
 process maps it read-only and owns its lifetime; any other process on the host may map it
 read-only from its `ShmHandle`. A segment may be larger than its pixels (`segment_size`).
 
-Built on `_posixshmem` (the module behind `multiprocessing.shared_memory`) and `mmap` rather
-than `SharedMemory` objects: a mapping here is never closed by hand, it goes away when the last
+Built on `_posixshmem` (the module behind `multiprocessing.shared_memory`) rather than
+`SharedMemory` objects: a mapping here is never closed by hand, it goes away when the last
 numpy view of it does, so a caller holding an array can never see it unmapped, and attaching
 registers nothing with a resource tracker (before Python 3.13, `SharedMemory(name)` did, which
 made the attaching process's tracker unlink a segment it did not own).
+
+`attach` maps with the C library's `mmap` and keeps no file descriptor: CPython's `mmap.mmap`
+holds a `dup` of the descriptor for the mapping's lifetime (until `trackfd=False`, 3.13), which
+made every cached image cost the API server one descriptor — thousands with a full cache.
 
 Creators register each segment with multiprocessing's resource tracker, which spawned workers
 share with the pool: if the pool process dies abruptly, the tracker unlinks what is left.
@@ -17,8 +21,10 @@ share with the pool: if the pool process dies abruptly, the tracker unlinks what
 from __future__ import annotations
 
 import _posixshmem
+import ctypes
 import mmap
 import os
+import weakref
 from dataclasses import dataclass
 from multiprocessing import resource_tracker
 
@@ -27,6 +33,20 @@ import numpy as np
 SEGMENT_PREFIX = "mmserve_pp_"  # every segment this package creates starts with this
 _SHM_DIR = "/dev/shm"  # where Linux lists POSIX segments; used only to sweep leftovers
 _MIN_SEGMENT_BYTES = 64 * 1024
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.mmap.restype = ctypes.c_void_p
+_libc.mmap.argtypes = (
+    ctypes.c_void_p,
+    ctypes.c_size_t,
+    ctypes.c_int,
+    ctypes.c_int,
+    ctypes.c_int,
+    ctypes.c_long,
+)
+_libc.munmap.restype = ctypes.c_int
+_libc.munmap.argtypes = (ctypes.c_void_p, ctypes.c_size_t)
+_MAP_FAILED = ctypes.c_void_p(-1).value
 
 
 @dataclass(frozen=True)
@@ -78,13 +98,29 @@ def map_writable(handle: ShmHandle, segment_bytes: int, *, create: bool) -> np.n
 
 
 def attach(handle: ShmHandle) -> np.ndarray:
-    """Map an existing segment read-only (writes raise). FileNotFoundError once unlinked."""
+    """Map an existing segment read-only (writes raise). FileNotFoundError once unlinked.
+    No descriptor stays open: the mapping is released when the last view of it is dropped."""
     fd = _posixshmem.shm_open("/" + handle.shm_name, os.O_RDONLY, mode=0o600)
     try:
-        buffer = mmap.mmap(fd, handle.nbytes, prot=mmap.PROT_READ)
+        buffer = _map_read_only(fd, handle.nbytes)
     finally:
         os.close(fd)
     return np.frombuffer(buffer, dtype=handle.dtype).reshape(handle.shape)
+
+
+def _map_read_only(fd: int, nbytes: int) -> memoryview:
+    """A read-only view of the first `nbytes` of `fd`, mapped shared; unmapped with the view's
+    last user (numpy cannot make an array over a read-only buffer writable again)."""
+    if os.fstat(fd).st_size < nbytes:  # reading past the end would be a SIGBUS
+        raise ValueError(f"segment is smaller than the {nbytes} bytes needed")
+    length = max(1, nbytes)
+    address = _libc.mmap(None, length, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
+    if address is None or address == _MAP_FAILED:
+        error = ctypes.get_errno()
+        raise OSError(error, f"mmap failed: {os.strerror(error)}")
+    memory = (ctypes.c_ubyte * length).from_address(address)
+    weakref.finalize(memory, _libc.munmap, address, length)
+    return memoryview(memory).cast("B")[:nbytes].toreadonly()
 
 
 def unlink(shm_name: str) -> bool:

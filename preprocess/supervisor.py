@@ -2,14 +2,19 @@
 
 One supervisor thread in the pool process owns every worker pipe: it hands each ready worker
 one task at a time, reads results, and watches process sentinels. A worker that exits is
-replaced; the task it held completes with `PreprocessWorkerDied` naming the worker, its pid
-and exit status. Every submitted task completes through `on_done` exactly once, even at close;
-for a failed task, `on_done` also owns the clean-up of the task's segment.
+replaced, and the task it held goes to the front of the queue for the next worker: a worker
+killed from outside (OOM killer, an operator) must not cost an innocent request. A task whose
+second worker dies too completes with `PreprocessWorkerDied` naming the worker, its pid and
+exit status: that image is likely what kills them. Every submitted task completes through
+`on_done` exactly once, even at close; for a failed task, `on_done` also owns the clean-up of
+the task's segment.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import logging
 import multiprocessing as mp
 import os
 import signal
@@ -21,11 +26,15 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
 from multiprocessing.process import BaseProcess
 
+from preprocess import shm
 from preprocess.errors import PreprocessError, PreprocessFailed, PreprocessPoolClosed, PreprocessWorkerDied
 from preprocess.settings import ProcessorSettings
 from preprocess.worker import Task, TaskDone, WorkerReady, run_task, worker_main
 
+logger = logging.getLogger("preprocess")
+
 OnDone = Callable[[Task, TaskDone], None]
+_MAX_ATTEMPTS = 2  # workers a task may outlive: one retry
 _MAX_STARTUP_FAILURES = 3  # consecutive workers dying before they are ready: stop respawning
 _SHUTDOWN_GRACE_S = 2.0
 
@@ -201,11 +210,16 @@ class WorkerSupervisor:
         status = _describe_exit(worker.process.exitcode)
         if worker.task is not None:
             task, worker.task = worker.task, None
-            error = PreprocessWorkerDied(
+            died = (
                 f"preprocess worker {worker.index} (pid {worker.process.pid}) died with {status} "
                 f"while processing image {task.mm_hash}"
             )
-            self._on_done(task, TaskDone(task.task_id, error=error))
+            if task.attempt + 1 < _MAX_ATTEMPTS:
+                logger.warning("%s; retrying it on a new worker", died)
+                self._retry(task)
+            else:
+                error = PreprocessWorkerDied(f"{died} (its second try: it was retried once)")
+                self._on_done(task, TaskDone(task.task_id, error=error))
         if not worker.ready:
             self._startup_failures += 1
         if self._startup_failures >= _MAX_STARTUP_FAILURES:
@@ -218,6 +232,14 @@ class WorkerSupervisor:
             return
         self.restarts += 1
         self._workers[self._workers.index(worker)] = self._spawn(worker.index)
+
+    def _retry(self, task: Task) -> None:
+        """Queue `task` first again. A segment the dead worker created may be half made: it is
+        unlinked and made anew; a recycled one is simply written again."""
+        if not task.recycled:
+            shm.unlink(task.shm_name)
+        with self._lock:
+            self._queue.appendleft(dataclasses.replace(task, attempt=task.attempt + 1))
 
     def _fail_queued(self, error: PreprocessError) -> None:
         with self._lock:

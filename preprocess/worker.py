@@ -25,7 +25,7 @@ from preprocess.video import VideoInfo, VideoSource, process_video
 class Task:
     """Process `source` into the segment `shm_name`: a spare of `segment_bytes` if `recycled`,
     else a new one of that size. The pool chooses the segment, so it can clean it up even if
-    the worker dies half-way."""
+    the worker dies half-way. `attempt` counts the workers that died holding it before."""
 
     task_id: int
     mm_hash: str
@@ -33,6 +33,7 @@ class Task:
     shm_name: str
     segment_bytes: int
     recycled: bool
+    attempt: int = 0
 
 
 @dataclass(frozen=True)

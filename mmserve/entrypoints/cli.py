@@ -21,8 +21,8 @@ DEMO_MODEL = Path(__file__).resolve().parents[2] / "assets" / "demo-model"
 
 
 def raise_open_file_limit() -> None:
-    """Every cached preprocessed image keeps a shared-memory mapping (one descriptor) open, and
-    every client a socket: lift the soft descriptor limit to the hard one, as servers do."""
+    """Every client holds a socket: lift the soft descriptor limit to the hard one, as servers
+    do (`--max-connections` is then kept under it)."""
     import resource
 
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
@@ -51,14 +51,14 @@ def serve(args: argparse.Namespace) -> int:
 
 
 def run_server(engine_config: EngineConfig, server_config: ServerConfig, log_level: str) -> int:
-    """Serve until stopped: 0 after a clean stop, 1 if the server never started or EngineCore died
-    (so a supervisor restarts it)."""
-    import uvicorn
-
+    """Serve until stopped: 0 after a clean stop (SIGTERM drains first, see http_server.py), 1 if
+    the server never started or EngineCore died (so a supervisor restarts it)."""
     from mmserve.entrypoints.openai.api_server import build_app
+    from mmserve.entrypoints.openai.drain import Drain
+    from mmserve.entrypoints.openai.http_server import DrainingServer, build_server
 
     engine_died = False
-    server: uvicorn.Server | None = None
+    server: DrainingServer | None = None
 
     def on_engine_dead() -> None:
         nonlocal engine_died
@@ -66,21 +66,37 @@ def run_server(engine_config: EngineConfig, server_config: ServerConfig, log_lev
         if server is not None:
             server.should_exit = True
 
-    app = build_app(engine_config, server_config, on_engine_dead)
-    server = uvicorn.Server(
-        uvicorn.Config(
-            app,
-            host=server_config.host,
-            port=server_config.port,
-            log_level=log_level.lower(),
-            timeout_graceful_shutdown=1,
-        )
-    )
+    server_config = fit_connection_limit(server_config)
+    drain = Drain(server_config.shutdown_timeout_s)
+    app = build_app(engine_config, server_config, on_engine_dead, drain)
+    server = build_server(app, server_config, log_level, drain.begin)
     asyncio.run(server.serve())
     if engine_died:
         print("mmserve: EngineCore died; exiting with status 1", file=sys.stderr)
         return 1
     return 0 if server.started else 1
+
+
+def fit_connection_limit(server_config: ServerConfig) -> ServerConfig:
+    """Keep the connection cap under the descriptor limit (with room for the engine's sockets,
+    pipes and files): past the limit accept() fails and no one gets the clear 503."""
+    import dataclasses
+    import resource
+
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    room = soft - _RESERVED_DESCRIPTORS
+    if soft == resource.RLIM_INFINITY or server_config.max_connections <= room:
+        return server_config
+    logging.getLogger("mmserve.cli").warning(
+        "--max-connections %d lowered to %d: the open-file limit is %d",
+        server_config.max_connections,
+        max(1, room),
+        soft,
+    )
+    return dataclasses.replace(server_config, max_connections=max(1, room))
+
+
+_RESERVED_DESCRIPTORS = 256
 
 
 def build_parser(argv: list[str]) -> argparse.ArgumentParser:

@@ -106,6 +106,7 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         "model", nargs="?", default=None, help="Hugging Face model folder (default: the bundled demo model)."
     )
     _add_server_arguments(parser.add_argument_group("server"))
+    _add_safety_arguments(parser.add_argument_group("browser safety and connections"))
     _add_scheduler_arguments(parser.add_argument_group("model and scheduling"))
     _add_cache_arguments(parser.add_argument_group("KV cache"))
     _add_multimodal_arguments(parser.add_argument_group("images"))
@@ -146,6 +147,74 @@ def _add_server_arguments(group: argparse._ArgumentGroup) -> None:
         type=parse_bytes,
     )
     group.add_argument("--log-level", default=envs.log_level(), help="debug, info, warning or error.")
+
+
+def parse_list(values: list[str]) -> tuple[str, ...]:
+    """Space-separated values, or vLLM's JSON list form ('["a", "b"]'), or both."""
+    items: list[str] = []
+    for value in values:
+        if value.lstrip().startswith("["):
+            try:
+                parsed = json.loads(value)
+            except json.JSONDecodeError:
+                raise argparse.ArgumentTypeError(f"not a JSON list: {value!r}") from None
+            items.extend(str(item) for item in parsed)
+        else:
+            items.append(value)
+    return tuple(items)
+
+
+def _add_safety_arguments(group: argparse._ArgumentGroup) -> None:
+    _server_flag(
+        group,
+        "--allow-special-tokens-in-content",
+        "allow_special_tokens_in_content",
+        "Let special-token text in chat messages (e.g. <|im_start|>) become control tokens, as "
+        "vLLM does; by default it is plain text, so a user cannot forge another role.",
+        action="store_true",
+    )
+    group.add_argument(
+        "--allowed-hosts",
+        nargs="*",
+        default=None,
+        help="Host names the server answers to ('*' any; '*.example.com' subdomains). Default: "
+        "localhost, 127.0.0.1 and ::1 when bound to a loopback address (DNS-rebinding safe), any otherwise.",
+    )
+    for flag, name, what in (
+        (
+            "--allowed-origins",
+            "allowed_origins",
+            "Origins whose web pages may call the API (CORS); '*' for any.",
+        ),
+        ("--allowed-methods", "allowed_methods", "Methods allowed cross-origin (default %(default)s)."),
+        ("--allowed-headers", "allowed_headers", "Headers allowed cross-origin (default %(default)s)."),
+    ):
+        _server_flag(group, flag, name, what + " Space-separated or a JSON list.", nargs="*")
+    _server_flag(
+        group,
+        "--allow-credentials",
+        "allow_credentials",
+        "Allow credentials cross-origin.",
+        action="store_true",
+    )
+    _server_flag(
+        group,
+        "--max-connections",
+        "max_connections",
+        "Most open connections; more are answered 503 (default %(default)s).",
+        type=int,
+    )
+    for flag, name, what in (
+        ("--header-timeout", "header_timeout_s", "Seconds a client may take to send a request's headers"),
+        ("--read-timeout", "read_timeout_s", "Seconds a request body may pause"),
+        ("--keep-alive-timeout", "keep_alive_timeout_s", "Seconds an idle keep-alive connection stays open"),
+        (
+            "--shutdown-timeout",
+            "shutdown_timeout_s",
+            "Seconds running requests get to finish after SIGTERM; the rest end with an error",
+        ),
+    ):
+        _server_flag(group, flag, name, what + " (default %(default)s).", type=float)
 
 
 def _add_scheduler_arguments(group: argparse._ArgumentGroup) -> None:
@@ -307,4 +376,15 @@ def server_config_from_cli(args: argparse.Namespace) -> ServerConfig:
         allowed_local_media_path=args.allowed_local_media_path,
         allowed_media_domains=tuple(args.allowed_media_domains),
         max_body_bytes=args.max_request_body,
+        allow_special_tokens_in_content=args.allow_special_tokens_in_content,
+        allowed_hosts=None if args.allowed_hosts is None else parse_list(args.allowed_hosts),
+        allowed_origins=parse_list(args.allowed_origins),
+        allow_credentials=args.allow_credentials,
+        allowed_methods=parse_list(args.allowed_methods),
+        allowed_headers=parse_list(args.allowed_headers),
+        max_connections=args.max_connections,
+        header_timeout_s=args.header_timeout,
+        read_timeout_s=args.read_timeout,
+        keep_alive_timeout_s=args.keep_alive_timeout,
+        shutdown_timeout_s=args.shutdown_timeout,
     )

@@ -26,6 +26,10 @@ from mmserve.sampling_params import SamplingParams
 logger = logging.getLogger("mmserve.frontend")
 
 
+class ServerShuttingDown(RuntimeError):
+    """The server is stopping and this request did not finish in the time it was given."""
+
+
 class Reservation:
     """Places counted in `AsyncLLM.num_unfinished` for requests still being built (images,
     tokens), so a burst cannot slip past a capacity check in the gap before the engine knows
@@ -70,6 +74,7 @@ class AsyncLLM:
         self.latest_stats = SchedulerStats()
         self.dead = False
         self._reserved = 0
+        self._refusal: Exception | None = None  # set when the server stops: fails new requests
 
     async def start(self) -> None:
         await self.client.start()
@@ -96,6 +101,8 @@ class AsyncLLM:
         (client gone, task cancelled) aborts the request in the engine."""
         if self.dead:
             raise EngineDeadError("the engine is not running")
+        if self._refusal is not None:
+            raise self._refusal
         queue: asyncio.Queue = asyncio.Queue()
         children = self.outputs.add_request(
             request_id, prompt.prompt, prompt.token_ids, params, RequestOutputKind.DELTA
@@ -118,6 +125,13 @@ class AsyncLLM:
             self._queues.pop(request_id, None)
             if not finished:
                 await self.abort(request_id)
+
+    def fail_open_requests(self, error: Exception) -> None:
+        """End every open request with `error` and refuse new ones with it (the server is
+        stopping); each request's engine work is aborted as its generator unwinds."""
+        self._refusal = error
+        for queue in self._queues.values():
+            queue.put_nowait(error)
 
     async def abort(self, request_id: str) -> None:
         engine_ids = self.outputs.abort(request_id)

@@ -55,9 +55,12 @@ def default_sampling_params(
     return params
 
 
-def build_frontend(config: EngineConfig, media: MediaLoader, *, open_ended: bool) -> Frontend:
+def build_frontend(
+    config: EngineConfig, media: MediaLoader, *, open_ended: bool, special_tokens_in_content: bool = False
+) -> Frontend:
     """Read the model folder's tokenizer and preprocessor config and start the preprocess pool
-    (`config.multimodal.preprocess_workers` processes; 0 = in this process)."""
+    (`config.multimodal.preprocess_workers` processes; 0 = in this process). Special-token text
+    in chat messages is plain text unless `special_tokens_in_content`."""
     model_dir = config.model.path
     tokenizer = Tokenizer(model_dir)
     processor_config = json.loads((model_dir / "preprocessor_config.json").read_text())
@@ -74,6 +77,7 @@ def build_frontend(config: EngineConfig, media: MediaLoader, *, open_ended: bool
             config.model.max_model_len,
             config.multimodal.max_images_per_prompt,
             video_support(config, tokenizer),
+            special_tokens_in_content=special_tokens_in_content,
         )
         default_params = default_sampling_params(
             model_dir, open_ended=open_ended, eos_token_ids=config.model.eos_token_ids

@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import asyncio
 import operator
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 from PIL import Image
 
-from mmserve.frontend.media import MediaLoader
+from mmserve.frontend.media import MediaLoader, RawDataUrl
 from mmserve.frontend.placeholders import PlaceholderMismatch, expand_placeholders
 from mmserve.frontend.tokenizer import Tokenizer
 from mmserve.frontend.video_inputs import (
@@ -107,13 +108,13 @@ def parse_messages(
     return template_messages, [_load(ref, loader) for ref in refs]
 
 
-def _load(ref: str | Image.Image | VideoRef, loader: MediaLoader) -> MediaInput:
+def _load(ref: str | RawDataUrl | Image.Image | VideoRef, loader: MediaLoader) -> MediaInput:
     if isinstance(ref, VideoRef):
         return VideoData(data=loader.load_video(ref.url))
-    return loader.load(ref) if isinstance(ref, str) else ref
+    return loader.load(ref) if isinstance(ref, str | RawDataUrl) else ref
 
 
-def _parse_part(part, where: str, refs: list[str | Image.Image | VideoRef]) -> dict:
+def _parse_part(part, where: str, refs: list[str | RawDataUrl | Image.Image | VideoRef]) -> dict:
     """One content part → its template form; an image's URL (or PIL image) or a video's URL
     goes to `refs`."""
     if not isinstance(part, dict):
@@ -126,7 +127,7 @@ def _parse_part(part, where: str, refs: list[str | Image.Image | VideoRef]) -> d
     if kind == "image_url":
         ref = part.get("image_url")
         url = ref.get("url") if isinstance(ref, dict) else ref
-        if not isinstance(url, str):
+        if not isinstance(url, str | RawDataUrl):
             raise PromptError(f"{where}.image_url.url must be a string", "messages")
         refs.append(url)
         return {"type": "image"}
@@ -136,7 +137,7 @@ def _parse_part(part, where: str, refs: list[str | Image.Image | VideoRef]) -> d
     if kind == "video_url":
         ref = part.get("video_url")
         url = ref.get("url") if isinstance(ref, dict) else ref
-        if not isinstance(url, str):
+        if not isinstance(url, str | RawDataUrl):
             raise PromptError(f"{where}.video_url.url must be a string", "messages")
         refs.append(VideoRef(url))
         return {"type": "video"}
@@ -181,6 +182,7 @@ class InputProcessor:
         max_model_len: int,
         image_limit: int,
         videos: VideoSupport | None = None,
+        special_tokens_in_content: bool = False,
     ) -> None:
         self.tokenizer = tokenizer
         self.pool = pool
@@ -189,6 +191,8 @@ class InputProcessor:
         self.image_limit = image_limit
         self.videos = videos  # None: the model folder has no video processor; videos are refused
         self.video_limit = videos.limit if videos else 0
+        # False: special-token text in messages is plain text (see special_text.py).
+        self.special_tokens_in_content = special_tokens_in_content
         # The longest token's text (byte-level BPE shows one character per byte): a bound on how
         # many characters one token can cover.
         self.max_token_chars = max(1, max(len(tokenizer.id_to_token(i)) for i in range(tokenizer.vocab_size)))
@@ -200,32 +204,48 @@ class InputProcessor:
     def chat(
         self, messages: list[dict], mm_processor_kwargs: dict | None = None, **template_kwargs
     ) -> ProcessedPrompt:
-        template_messages, items = parse_messages(messages, self.loader, self.image_limit, self.video_limit)
-        text = self._render(template_messages, items, template_kwargs)
-        token_ids = self._encode(text)
-        inputs = self._pool_inputs(items, mm_processor_kwargs)
+        text, token_ids, inputs = self._chat_tokens(messages, mm_processor_kwargs, template_kwargs)
         return self._build(text, token_ids, [self.pool.process(item) for item in inputs])
 
     async def chat_async(
         self, messages: list[dict], mm_processor_kwargs: dict | None = None, **template_kwargs
     ) -> ProcessedPrompt:
-        template_messages, items = await asyncio.to_thread(
-            parse_messages, messages, self.loader, self.image_limit, self.video_limit
+        """`chat` without blocking the loop: validating, loading images, rendering and
+        tokenising run in a thread (their cost grows with the request), then the items are
+        awaited from the pool and the prompt is assembled in a thread too."""
+        text, token_ids, inputs = await asyncio.to_thread(
+            self._chat_tokens, messages, mm_processor_kwargs, template_kwargs
         )
+        processed = await self._process_all_async(inputs)  # (over the context: refused before this)
+        return await asyncio.to_thread(self._build, text, token_ids, processed)
+
+    def _chat_tokens(
+        self, messages: list[dict], mm_processor_kwargs: dict | None, template_kwargs: dict
+    ) -> tuple[str, list[int], list]:
+        """(prompt text, token ids with one pad per item, the pool's inputs) of a conversation."""
+        template_messages, items = parse_messages(messages, self.loader, self.image_limit, self.video_limit)
+        hidden = None
+        if not self.special_tokens_in_content:
+            shielded, hidden = self.tokenizer.shield.hide([template_messages, template_kwargs])
+            template_messages, template_kwargs = shielded
         text = self._render(template_messages, items, template_kwargs)
-        token_ids = self._encode(text)  # (over the context: refused before any image is processed)
-        processed = await self._process_all_async(self._pool_inputs(items, mm_processor_kwargs))
-        return self._build(text, token_ids, processed)
+        inputs = self._pool_inputs(items, mm_processor_kwargs)
+        if hidden is None:
+            return text, self._encode(text), inputs
+        shield = self.tokenizer.shield
+        revealed = shield.reveal(text, hidden)
+        return revealed, self._encode(revealed, lambda: shield.encode(text, hidden)), inputs
 
     def prompt(self, prompt: str | dict) -> ProcessedPrompt:
         text, token_ids, items = self._parse_prompt(prompt)
         return self._build(text, token_ids, [self.pool.process(item) for item in self._pool_inputs(items)])
 
     async def prompt_async(self, prompt: str | dict) -> ProcessedPrompt:
-        text, token_ids, items = self._parse_prompt(prompt)
+        """`prompt` without blocking the loop (tokenising and assembling run in a thread)."""
+        text, token_ids, items = await asyncio.to_thread(self._parse_prompt, prompt)
         self._check_length(len(token_ids))
         processed = await self._process_all_async(self._pool_inputs(items))
-        return self._build(text, token_ids, processed)
+        return await asyncio.to_thread(self._build, text, token_ids, processed)
 
     def _pool_inputs(
         self, items: list[MediaInput], mm_processor_kwargs: dict | None = None
@@ -335,13 +355,13 @@ class InputProcessor:
         self._check_length(len(expanded))
         return ProcessedPrompt(text, expanded, features)
 
-    def _encode(self, text: str) -> list[int]:
-        """Token ids of `text`, refusing at once a text too long to fit the context whatever its
-        tokens: tokenising holds the GIL, and megabytes take seconds during which the event loop
-        serves no one (every token covers at most `max_token_chars` characters)."""
+    def _encode(self, text: str, tokenize: Callable[[], list[int]] | None = None) -> list[int]:
+        """Token ids of `text` (by `tokenize` if given), refusing at once a text too long to
+        fit the context whatever its tokens: megabytes take seconds to tokenise (every token
+        covers at most `max_token_chars` characters)."""
         if len(text) > self.max_model_len * self.max_token_chars:
             self._check_length(len(text) // self.max_token_chars, at_least=True)
-        token_ids = self.tokenizer.encode(text)
+        token_ids = tokenize() if tokenize is not None else self.tokenizer.encode(text)
         self._check_length(len(token_ids))
         return token_ids
 

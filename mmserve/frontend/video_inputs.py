@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
+from mmserve.frontend.media import RawDataUrl
 from mmserve.protocol import MultiModalFeature
 from preprocess import FrameSampling, ProcessedImage, VideoSettings, VideoSource
 
@@ -36,7 +37,7 @@ class VideoArgumentError(ValueError):
 class VideoRef:
     """A chat part's video URL, loaded after every part has been checked."""
 
-    url: str
+    url: str | RawDataUrl  # a long data URL stays the request body's bytes (media.RawDataUrl)
 
 
 @dataclass(frozen=True)

@@ -126,7 +126,8 @@ def make_server(model_path, tmp_path):
 
 
 def test_sigterm_stops_every_child_within_five_seconds(make_server):
-    server = make_server("--preprocess-workers", "2")
+    # No grace for running requests: the drain has its own test (tests/reliability/test_drain.py).
+    server = make_server("--preprocess-workers", "2", "--shutdown-timeout", "0")
     prefix = segment_prefix(server)
     children = descendants(server.proc.pid)
     assert len(children) >= 3  # EngineCore and two preprocess workers (plus multiprocessing helpers)

@@ -166,7 +166,9 @@ def test_forgotten_image_is_released_by_garbage_collection(make_pool: MakePool) 
     assert not linked(name)
 
 
-def test_killed_worker_fails_only_its_request_and_the_pool_heals(make_pool: MakePool) -> None:
+def test_a_killed_worker_costs_no_request_its_image_is_retried_and_the_pool_heals(
+    make_pool: MakePool,
+) -> None:
     pool = make_pool(num_workers=2, cache_bytes=0)
     assert pool.wait_ready(60)
     victim, survivor = pool.worker_pids()
@@ -180,17 +182,11 @@ def test_killed_worker_fails_only_its_request_and_the_pool_heals(make_pool: Make
         return await asyncio.wait_for(asyncio.gather(*requests, return_exceptions=True), 60)
 
     results = asyncio.run(run_batch_and_kill())
-    failures = [r for r in results if isinstance(r, Exception)]
-    assert len(failures) == 1 and isinstance(failures[0], PreprocessWorkerDied)
-    expected = (
-        rf"preprocess worker 0 \(pid {victim}\) died with exit code -9 \(SIGKILL\) while processing image "
-    )
-    assert re.fullmatch(expected + "[0-9a-f]{32}", str(failures[0]))
-    assert str(failures[0]).endswith(mm_hash(batch[results.index(failures[0])], pool.settings))
+    assert not [r for r in results if isinstance(r, Exception)], results
     for r in results:
-        if not isinstance(r, Exception):
-            assert r.grid_thw == (1, 26, 36)
-            r.release()
+        assert r.grid_thw == (1, 26, 36)
+        r.release()
+    assert pool.stats().tasks_submitted == 7  # the killed worker's image went out twice
 
     assert pool.wait_ready(60)
     pids = pool.worker_pids()
@@ -201,6 +197,35 @@ def test_killed_worker_fails_only_its_request_and_the_pool_heals(make_pool: Make
     with pool.process(batch[0]) as again:
         assert again.grid_thw == (1, 26, 36)
     assert pool.stats().worker_restarts == 2
+
+
+def test_an_image_whose_second_worker_dies_too_fails_with_the_worker_named(make_pool: MakePool) -> None:
+    pool = make_pool(num_workers=1, cache_bytes=0, spare_bytes=0)
+    assert pool.wait_ready(60)
+    [image] = slow_images(1)
+    killed: list[int] = []
+
+    async def process_and_kill_twice():
+        request = asyncio.ensure_future(pool.process_async(image))
+        for dispatches in (1, 2):
+            while pool.stats().tasks_submitted < dispatches:  # the image is on a worker now
+                await asyncio.sleep(0.001)
+            [pid] = pool.worker_pids()
+            killed.append(pid)
+            os.kill(pid, signal.SIGKILL)
+            while pid in pool.worker_pids():
+                await asyncio.sleep(0.001)
+        return await asyncio.wait_for(asyncio.gather(request, return_exceptions=True), 60)
+
+    [error] = asyncio.run(process_and_kill_twice())
+    assert isinstance(error, PreprocessWorkerDied), error
+    expected = rf"preprocess worker 0 \(pid {killed[1]}\) died with exit code -9 \(SIGKILL\) "
+    expected += "while processing image "
+    assert re.fullmatch(expected + r"[0-9a-f]{32} \(its second try: it was retried once\)", str(error))
+    assert list_segments(pool.segment_prefix) == []
+    assert pool.wait_ready(60)
+    with pool.process(image) as fine:  # the image itself is good: the pool is not poisoned
+        assert fine.grid_thw == (1, 26, 36)
 
 
 def test_workers_that_cannot_start_fail_requests_instead_of_hanging(

@@ -10,7 +10,8 @@ import struct
 import threading
 import time
 import zlib
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import parse_qs, urlparse
@@ -58,6 +59,42 @@ def assert_still_serving(hardened: Hardened, valid_answer: str) -> None:
     response = hardened.post("/v1/chat/completions", VALID)
     assert response.status_code == 200, response.text
     assert response.json()["choices"][0]["message"]["content"] == valid_answer
+
+
+# ----------------------------------------------------------------------------------- hostile cases
+
+CHAT = "/v1/chat/completions"
+Body = dict | bytes | Callable[[Hardened], dict | bytes]
+
+
+@dataclass(frozen=True)
+class Case:
+    """One hostile request: what is sent (`body`, or a function of the server), to which route,
+    the status it must get and a fragment of its error message."""
+
+    id: str
+    body: Body
+    status: int
+    contains: str = ""
+    route: str = CHAT
+    # run after the response, with the image host's hit counts from before the request
+    check: Callable[[Hardened, dict], None] | None = field(default=None, compare=False)
+
+
+def chat(content, **extra) -> dict:
+    return {"messages": [{"role": "user", "content": content}], "max_tokens": 2, **extra}
+
+
+def with_image(url: str, **extra) -> dict:
+    return chat([{"type": "image_url", "image_url": {"url": url}}, {"type": "text", "text": "?"}], **extra)
+
+
+def image_bytes(data: bytes, media_type: str = "image/png") -> dict:
+    return with_image(data_url(data, media_type))
+
+
+def materialise(body: Body, hardened: Hardened) -> dict | bytes:
+    return body(hardened) if callable(body) else body
 
 
 # ----------------------------------------------------------------------------------- responses

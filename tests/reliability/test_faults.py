@@ -1,7 +1,7 @@
 """Processes dying under load.
 
-* A preprocess worker SIGKILLed mid-image: the requests whose image it held fail with a clear
-  error within 5 s, every other request completes, and the pool replaces the worker.
+* A preprocess worker SIGKILLed mid-image: its image is retried on the new worker, so every
+  request completes (was: the request whose image it held got a 500), and the pool replaces it.
 * EngineCore SIGKILLed with streams open, non-streaming requests waiting and images in
   preprocessing: every request ends with an error, /health is 503 at once, the server exits
   non-zero within 5 s, and no child process or shared-memory segment outlives it.
@@ -86,32 +86,25 @@ async def _busy_worker(workers: set[int], timeout_s: float) -> int:
     raise AssertionError("no preprocess worker got busy")
 
 
-def test_a_killed_preprocess_worker_fails_only_its_requests_and_is_replaced(server):
+def test_a_killed_preprocess_worker_costs_no_request_and_is_replaced(server):
     _warm_up(server)
     workers = preprocess_worker_pids(server)
     assert len(workers) == 2, workers
     big = large_png(3000, 2250)  # ~7 MP: long enough to decode that a worker is surely busy
 
-    async def scenario() -> tuple[float, list[tuple[float, httpx.Response]]]:
+    async def scenario() -> list[tuple[float, httpx.Response]]:
         async with httpx.AsyncClient(timeout=120, limits=httpx.Limits(max_connections=64)) as c:
             bodies = [_image_body(big, f"k{i}") for i in range(8)] + [_text_body(i) for i in range(8)]
             tasks = [asyncio.create_task(_timed_post(c, server.url, b)) for b in bodies]
             victim = await _busy_worker(workers, timeout_s=30)
             os.kill(victim, signal.SIGKILL)
-            killed_at = time.monotonic()
-            return killed_at, await asyncio.gather(*tasks)
+            return await asyncio.gather(*tasks)
 
-    killed_at, results = asyncio.run(scenario())
-    image_results, text_results = results[:8], results[8:]
-    assert all(r.status_code == 200 for _, r in text_results), [r.text for _, r in text_results]
-    failed = [(t, r) for t, r in image_results if r.status_code != 200]
-    assert failed, "the killed worker held no image; nothing was tested"
-    for finished_at, r in failed:
-        assert r.status_code == 500, r.text
-        message = r.json()["error"]["message"]
-        assert "preprocess" in message and "died" in message and "SIGKILL" in message, message
-        assert finished_at - killed_at < 5.0, f"failed {finished_at - killed_at:.1f} s after the kill"
-    assert all(r.status_code in (200, 500) for _, r in image_results)
+    results = asyncio.run(scenario())
+    assert all(r.status_code == 200 for _, r in results), [r.text for _, r in results if r.status_code != 200]
+    log = server.log_path.read_text(errors="replace")
+    assert "died with exit code -9 (SIGKILL) while processing image" in log
+    assert "retrying it on a new worker" in log, "the killed worker held no image; nothing was tested"
 
     # Healed: two live workers (one new), and a new image goes through.
     assert wait_for(lambda: len(preprocess_worker_pids(server)) == 2, 30)

@@ -38,9 +38,25 @@ def check_image_detail(messages: list) -> None:
 def prepare_messages(messages: list, tools: list[dict] | None, template_knows_tools: bool) -> list:
     """The messages to render (see the module docstring)."""
     check_image_detail(messages)
+    for index, message in enumerate(messages):
+        _check_tool_calls(message, index)
     if template_knows_tools:
         return [_with_object_arguments(message) for message in messages]
     return messages_with_tools(messages, tools)
+
+
+def _check_tool_calls(message, index: int) -> None:
+    """An assistant message's `tool_calls` is a list of objects whose `function` is an object
+    (a ValueError naming the message otherwise: it was an AttributeError, a 500)."""
+    calls = message.get("tool_calls") if isinstance(message, dict) else None
+    if calls is None:
+        return
+    where = f"messages[{index}].tool_calls"
+    if not isinstance(calls, list):
+        raise ValueError(f"{where} must be a list of tool calls")
+    for position, call in enumerate(calls):
+        if not isinstance(call, dict) or not isinstance(call.get("function", {}), dict | None):
+            raise ValueError(f"{where}[{position}] must be an object with a 'function' object")
 
 
 def _with_object_arguments(message):

@@ -9,8 +9,13 @@ from fastapi.responses import JSONResponse
 _TYPES = {
     400: "invalid_request_error",
     401: "authentication_error",
+    403: "permission_error",
     404: "not_found_error",
+    405: "invalid_request_error",
+    408: "timeout_error",
     413: "invalid_request_error",
+    415: "invalid_request_error",
+    431: "invalid_request_error",
     499: "client_closed_request",  # nginx's code: the client went away; no one reads the body
     500: "internal_server_error",
     503: "service_unavailable",

@@ -23,6 +23,7 @@ from mmserve.frontend.errors import (
     MediaError,
     PreprocessError,
     PromptError,
+    ServerShuttingDown,
     TemplateError,
 )
 from mmserve.frontend.input_processor import ProcessedPrompt
@@ -42,6 +43,8 @@ def client_error(e: Exception) -> OpenAIError:
         return bad_request(str(e), "messages")
     if isinstance(e, (TemplateError, ValueError)):
         return bad_request(str(e))
+    if isinstance(e, ServerShuttingDown):
+        return OpenAIError(503, str(e))
     if isinstance(e, EngineDeadError):
         return OpenAIError(503, f"the engine is not running: {e}")
     if isinstance(e, PreprocessError):
@@ -55,8 +58,9 @@ def check_request(state: AppState, model: str | None, priority: int) -> None:
     if model is not None and model != state.served_model_name:
         raise OpenAIError(
             404,
-            f"the model {model!r} does not exist; this server serves {state.served_model_name!r}",
+            f"the model {_short(model)} does not exist; this server serves {state.served_model_name!r}",
             "model",
+            "model_not_found",
         )
     if priority != 0 and state.engine.config.scheduler.scheduling_policy != "priority":
         raise bad_request(
@@ -64,6 +68,12 @@ def check_request(state: AppState, model: str | None, priority: int) -> None:
             "this server schedules first come, first served",
             "priority",
         )
+
+
+def _short(value: str, limit: int = 64) -> str:
+    """repr of a client string for an error message, cut short."""
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def admit(state: AppState, places: int) -> Reservation:

@@ -40,21 +40,34 @@ State = Annotated[AppState, Depends(app_state)]
 async def health(state: State) -> Response:
     if state.engine.dead:
         return OpenAIError(503, "the engine is not running").response()
+    if state.drain.draining:  # so a load balancer stops sending before the deadline
+        return OpenAIError(503, "the server is shutting down").response()
     return JSONResponse({})
 
 
 @router.get("/v1/models")
 async def models(state: State) -> dict:
-    model = state.engine.config.model
-    card = {
+    return {"object": "list", "data": [_model_card(state)]}
+
+
+@router.get("/v1/models/{model_id:path}")
+async def model(model_id: str, state: State) -> dict:
+    if model_id != state.served_model_name:
+        shown = model_id if len(model_id) <= 64 else model_id[:61] + "..."
+        raise OpenAIError(404, f"the model {shown!r} does not exist", "model", "model_not_found")
+    return _model_card(state)
+
+
+def _model_card(state: AppState) -> dict:
+    model_config = state.engine.config.model
+    return {
         "id": state.served_model_name,
         "object": "model",
         "created": state.created,
         "owned_by": "mmserve",
-        "root": str(model.path),
-        "max_model_len": model.max_model_len,
+        "root": str(model_config.path),
+        "max_model_len": model_config.max_model_len,
     }
-    return {"object": "list", "data": [card]}
 
 
 @router.get("/metrics")
@@ -82,13 +95,14 @@ async def _respond(
     request: ChatCompletionRequest | CompletionRequest,
     generation: Generation,
     stream_body: Callable[[Generation, ChatCompletionRequest | CompletionRequest], AsyncIterator[str]],
-    response_body: Callable[[Generation], Awaitable[dict]],
+    response_body: Callable[[Generation], Awaitable[bytes]],
 ) -> Response:
     """An SSE stream if the request asked for one, else the JSON body (abandoned, and its
     engine requests aborted, if the client leaves first)."""
     if request.stream:
         return StreamingResponse(stream_body(generation, request), media_type="text/event-stream")
-    return JSONResponse(await until_disconnected(raw, response_body(generation)))
+    body = await until_disconnected(raw, response_body(generation))  # JSON, rendered off the loop
+    return Response(body, media_type="application/json")
 
 
 @router.post("/tokenize", openapi_extra=json_body(TokenizeRequest))

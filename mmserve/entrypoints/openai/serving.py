@@ -22,11 +22,13 @@ from mmserve.entrypoints.openai.generation import (
     chunk_base,
     prepare,
 )
+from mmserve.entrypoints.openai.limits import check_answer_size, check_prompt_logprobs_size
 from mmserve.entrypoints.openai.logprobs_format import (
     chat_logprobs,
     completion_logprobs,
     prompt_logprobs_json,
 )
+from mmserve.entrypoints.openai.responses import answer_bytes
 from mmserve.entrypoints.openai.schemas import ChatCompletionRequest, CompletionRequest, FieldError
 from mmserve.entrypoints.openai.state import AppState
 from mmserve.entrypoints.openai.streaming import ChatChoiceStream, CompletionChoiceStream, stream_response
@@ -34,7 +36,7 @@ from mmserve.entrypoints.openai.tools import check_tools, parse_tool_calls, tool
 from mmserve.frontend.async_llm import Reservation
 from mmserve.frontend.input_processor import ProcessedPrompt
 from mmserve.frontend.params import prepare_params, truncate_prompt
-from mmserve.outputs import CompletionOutput
+from mmserve.outputs import CompletionOutput, RequestOutput
 from mmserve.sampling_params import SamplingParams, StructuredOutputsParams, TokenIdError
 
 logger = logging.getLogger("mmserve.api")
@@ -59,6 +61,18 @@ def _truncated(prompt: ProcessedPrompt, params: SamplingParams, reservation: Res
     except ValueError as e:
         reservation.release()
         raise bad_request(str(e), "truncate_prompt_tokens") from None
+
+
+def _check_prompt_logprobs(
+    params: SamplingParams, prompts: list[ProcessedPrompt], copies: int, reservation: Reservation
+) -> None:
+    """The prompt log-probabilities' share of the answer, now that the prompts' lengths are
+    known (`copies`: how many times the answer repeats each prompt's list)."""
+    try:
+        check_prompt_logprobs_size(params, [len(prompt.token_ids) for prompt in prompts], copies)
+    except Exception:
+        reservation.release()
+        raise
 
 
 def _invalid(error: ValueError, request: ChatCompletionRequest | CompletionRequest):
@@ -90,6 +104,7 @@ async def build_chat(state: AppState, request: ChatCompletionRequest) -> Generat
         messages = prepare_messages(request.messages, tools, knows_tools)
     except ValueError as e:
         raise _invalid(e, request) from None
+    check_answer_size(params, 1, state.engine.config.model.max_model_len)
     params = await _engine_params(state, params, request.stream)
     template_kwargs = dict(request.chat_template_kwargs or {})
     if "messages" in template_kwargs:
@@ -101,6 +116,7 @@ async def build_chat(state: AppState, request: ChatCompletionRequest) -> Generat
     chat = state.frontend.inputs.chat_async(messages, request.mm_processor_kwargs, **template_kwargs)
     prompt = await prepare(reservation, chat)
     prompt = _truncated(prompt, params, reservation)
+    _check_prompt_logprobs(params, [prompt], 1, reservation)
     generation = Generation(state, [prompt], params, request.priority, reservation)
     generation.parse_tools, generation.parallel_tool_calls = parse_tools, request.parallel_tool_calls
     return generation
@@ -139,8 +155,13 @@ def _chat_message(completion: CompletionOutput, generation: Generation) -> tuple
     return message, "tool_calls" if completion.finish_reason == "stop" else completion.finish_reason
 
 
-async def chat_response(generation: Generation) -> dict:
-    [output] = await generation.final_outputs()
+async def chat_response(generation: Generation) -> bytes:
+    """The JSON body, built, rendered and freed off the loop (see responses.py)."""
+    owned = [await generation.final_outputs()]  # the thread takes the only reference
+    return await asyncio.to_thread(answer_bytes, lambda outputs: _chat_body(generation, *outputs), owned)
+
+
+def _chat_body(generation: Generation, output: RequestOutput) -> dict:
     choices = []
     for completion in output.outputs:
         message, finish_reason = _chat_message(completion, generation)
@@ -193,10 +214,12 @@ async def build_completion(state: AppState, request: CompletionRequest) -> Gener
         # Sample best_of, return the n most likely: cumulative logprobs are needed for that.
         logprobs = params.logprobs if params.logprobs is not None else 0
         params = dataclasses.replace(params, n=request.best_of, logprobs=logprobs)
+    check_answer_size(params, len(prompts), state.engine.config.model.max_model_len)
     params = await _engine_params(state, params, request.stream)
     reservation = admit(state, len(prompts))
     processed = await prepare(reservation, _process_prompts(state, prompts))
     processed = [_truncated(prompt, params, reservation) for prompt in processed]
+    _check_prompt_logprobs(params, processed, num_returned, reservation)
     generation = Generation(state, processed, params, request.priority, reservation)
     generation.num_returned, generation.keep_logprobs = num_returned, request.logprobs is not None
     return generation
@@ -221,8 +244,13 @@ def _best(completions: list[CompletionOutput], count: int, keep_logprobs: bool) 
     ]
 
 
-async def completion_response(generation: Generation) -> dict:
-    outputs = await generation.final_outputs()
+async def completion_response(generation: Generation) -> bytes:
+    """The JSON body, built, rendered and freed off the loop (see responses.py)."""
+    owned = [await generation.final_outputs()]  # the thread takes the only reference
+    return await asyncio.to_thread(answer_bytes, lambda outputs: _completion_body(generation, outputs), owned)
+
+
+def _completion_body(generation: Generation, outputs: list[RequestOutput]) -> dict:
     choices = []
     for prompt_index, output in enumerate(outputs):
         for completion in _best(output.outputs, generation.num_returned, generation.keep_logprobs):

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from fastapi import Request
 
 from mmserve.config import ServerConfig
+from mmserve.entrypoints.openai.drain import Drain
 from mmserve.frontend.async_llm import AsyncLLM
 from mmserve.frontend.factory import Frontend
 from mmserve.metrics import ServerMetrics
@@ -19,6 +20,7 @@ class AppState:
     frontend: Frontend
     metrics: ServerMetrics
     server: ServerConfig
+    drain: Drain
     created: int = field(default_factory=lambda: int(time.time()))  # unix seconds, for /v1/models
 
     @property
