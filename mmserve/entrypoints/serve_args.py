@@ -124,6 +124,20 @@ def _add_server_arguments(group: argparse._ArgumentGroup) -> None:
         type=parse_bytes,
     )
     group.add_argument("--log-level", default=envs.log_level(), help="debug, info, warning or error.")
+    _add_files_arguments(group)
+
+
+def _add_files_arguments(group: argparse._ArgumentGroup) -> None:
+    """The Files API (/v1/files): uploaded images referred to by id in chat messages."""
+    _server_flag(group, "--files-dir", "files_dir", "Folder of uploaded files (default: a temporary one).")
+    _server_flag(
+        group, "--files-quota", "files_quota_bytes", "Bytes of uploads kept per API key.", type=parse_bytes
+    )
+    _server_flag(
+        group, "--files-max-count", "files_quota_count", "Uploaded files kept per API key.", type=int
+    )
+    _server_flag(group, "--files-ttl", "files_ttl_s", "Seconds an uploaded file is kept.", type=float)
+    _server_flag(group, "--max-file-size", "max_file_bytes", "Largest uploaded file.", type=parse_bytes)
 
 
 def _add_scheduler_arguments(group: argparse._ArgumentGroup) -> None:
@@ -248,4 +262,9 @@ def server_config_from_cli(args: argparse.Namespace) -> ServerConfig:
         allowed_local_media_path=args.allowed_local_media_path,
         allowed_media_domains=tuple(args.allowed_media_domains),
         max_body_bytes=args.max_request_body,
+        files_dir=args.files_dir,
+        files_quota_bytes=args.files_quota,
+        files_quota_count=args.files_max_count,
+        files_ttl_s=args.files_ttl,
+        max_file_bytes=args.max_file_size,
     )

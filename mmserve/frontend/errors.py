@@ -7,9 +7,18 @@ come from: only the frontend imports `preprocess`.
 from __future__ import annotations
 
 from mmserve.frontend.core_client import EngineDeadError
+from mmserve.frontend.file_store import FileNotFound
 from mmserve.frontend.input_processor import PromptError
 from mmserve.frontend.media import MediaError
 from mmserve.frontend.tokenizer import TemplateError
 from preprocess import ImageError, PreprocessError
 
-__all__ = ["EngineDeadError", "ImageError", "MediaError", "PreprocessError", "PromptError", "TemplateError"]
+__all__ = [
+    "EngineDeadError",
+    "FileNotFound",
+    "ImageError",
+    "MediaError",
+    "PreprocessError",
+    "PromptError",
+    "TemplateError",
+]

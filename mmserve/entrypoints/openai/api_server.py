@@ -21,6 +21,7 @@ from starlette.types import ASGIApp
 
 from mmserve.config import EngineConfig, ServerConfig
 from mmserve.entrypoints.openai.errors import OpenAIError, bad_request
+from mmserve.entrypoints.openai.files import files_router, open_file_store
 from mmserve.entrypoints.openai.middleware import ApiKeyAuth, BodySizeLimit
 from mmserve.entrypoints.openai.parsing import describe_validation
 from mmserve.entrypoints.openai.routes import WEB_DIR, router
@@ -46,11 +47,19 @@ async def serving(
         if stats is not None:
             metrics.update_engine(stats)
 
-    engine = AsyncLLM(engine_config, frontend.outputs, on_engine_dead=on_engine_dead, on_outputs=on_outputs)
+    engine = AsyncLLM(
+        engine_config,
+        frontend.outputs,
+        on_engine_dead=on_engine_dead,
+        on_outputs=on_outputs,
+        inputs=frontend.inputs,
+    )
+    files = open_file_store(server_config)
     try:
         await engine.start()
     except BaseException:
         frontend.close()
+        files.close()
         await engine.shutdown()
         raise
     logger.info(
@@ -62,10 +71,11 @@ async def serving(
         frontend.pool.segment_prefix,
     )
     try:
-        yield AppState(engine, frontend, metrics, server_config)
+        yield AppState(engine, frontend, metrics, server_config, files.store)
     finally:
         # Stop both at once: a supervisor's SIGTERM grace period is short.
         await asyncio.gather(engine.shutdown(), asyncio.to_thread(frontend.close))
+        files.close()
 
 
 def build_app(
@@ -83,9 +93,10 @@ def build_app(
 
     app = FastAPI(title="mmserve", lifespan=lifespan)
     _add_error_handlers(app)
-    if server_config.api_key:
-        app.add_middleware(ApiKeyAuth, api_key=server_config.api_key)
+    if server_config.api_keys:
+        app.add_middleware(ApiKeyAuth, api_keys=server_config.api_keys)
     app.include_router(router)
+    app.include_router(files_router)
     app.mount("/static", StaticFiles(directory=WEB_DIR), name="static")
     return BodySizeLimit(app, server_config.max_body_bytes)
 

@@ -10,6 +10,7 @@ from fastapi import Request
 from mmserve.config import ServerConfig
 from mmserve.frontend.async_llm import AsyncLLM
 from mmserve.frontend.factory import Frontend
+from mmserve.frontend.file_store import FileStore
 from mmserve.metrics import ServerMetrics
 
 
@@ -19,6 +20,7 @@ class AppState:
     frontend: Frontend
     metrics: ServerMetrics
     server: ServerConfig
+    files: FileStore | None = None  # the Files API's store
     created: int = field(default_factory=lambda: int(time.time()))  # unix seconds, for /v1/models
 
     @property
