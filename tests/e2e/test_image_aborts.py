@@ -109,6 +109,7 @@ async def abort_many(model_path) -> tuple[dict, int]:
 
 def test_random_aborts_of_image_requests_leave_nothing_behind(model_path):
     state, aborted = asyncio.run(abort_many(model_path))
+    print(f"{aborted} of {ROUNDS} aborted; {state}")
     assert aborted >= ROUNDS // 2, f"only {aborted} of {ROUNDS} requests were aborted"
     assert state["images_by_hash"] > 0 and state["pixels_resent"] > 0, state  # both paths were taken
     leftovers = {k: v for k, v in state.items() if k not in ("images_by_hash", "pixels_resent") and v}
