@@ -406,7 +406,9 @@ class ServerConfig:
     served_model_name: str
     host: str = "127.0.0.1"
     port: int = 8000
-    api_key: str | None = None  # required as 'Authorization: Bearer KEY' on /v1 and the tokenizer routes
+    # required as 'Authorization: Bearer KEY' on /v1 and the tokenizer routes; several keys are
+    # separated by commas (each key sees only the files it uploaded)
+    api_key: str | None = None
     allowed_local_media_path: str | None = None  # None = no file:// or local-path images
     allowed_media_domains: tuple[str, ...] = ()  # hosts http(s) images may come from
     max_body_bytes: int = 64 << 20
@@ -428,6 +430,16 @@ class ServerConfig:
     read_timeout_s: float = 30.0
     keep_alive_timeout_s: float = 5.0
     shutdown_timeout_s: float = 5.0
+    # The Files API: where uploads live, per-key quotas, expiry, the largest upload.
+    files_dir: str | None = None  # where uploaded files live (None: a temporary folder, gone at exit)
+    files_quota_bytes: int = 1 << 30  # per API key
+    files_quota_count: int = 1000  # per API key
+    files_ttl_s: float | None = 7 * 24 * 3600.0  # uploaded files expire this long after upload
+    max_file_bytes: int = 20 << 20  # one uploaded file
+
+    @property
+    def api_keys(self) -> tuple[str, ...]:
+        return tuple(key for key in (self.api_key or "").split(",") if key)
 
     @property
     def served_hosts(self) -> tuple[str, ...]:

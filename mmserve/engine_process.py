@@ -56,18 +56,25 @@ def run_engine_core_process(
     poller = zmq.Poller()
     poller.register(inbox, zmq.POLLIN)
     dead = False
+    idle = False  # the last step ran nothing and had nothing to tell: its requests all wait
     try:
         while not stop:
             if os.getppid() != parent_pid:
                 logger.error("the API server process is gone; EngineCore exits")
                 break
-            timeout_ms = 0 if engine_core.has_work() else 200
+            # While every request waits (for pixels, for a grammar), wait 1 ms for news between
+            # steps rather than spin, and send nothing.
+            timeout_ms = (1 if idle else 0) if engine_core.has_work() else 200
             if poller.poll(timeout_ms):
                 _drain_inbox(inbox, engine_core)
-            elif timeout_ms:
+            elif timeout_ms == 200:
                 engine_core.check_health()  # idle: a dead worker would otherwise go unnoticed
             if engine_core.has_work():
-                outbox.send_multipart(protocol.encode_outputs(engine_core.step()), copy=False)
+                outputs = engine_core.step()
+                news = outputs.outputs or outputs.pixels_needed or outputs.encoder_cache_changes
+                idle = engine_core.last_step_tokens == 0 and not news
+                if not idle:
+                    outbox.send_multipart(protocol.encode_outputs(outputs), copy=False)
     except ExecutorDeadError:
         logger.exception("a worker is gone; EngineCore exits")
         dead = True
@@ -95,6 +102,8 @@ def _drain_inbox(inbox: zmq.Socket, engine_core: EngineCore) -> None:
                 engine_core.add_request(protocol.decode_add(frames))
             elif kind == protocol.ABORT:
                 engine_core.abort_requests(protocol.decode_abort(frames))
-        except (msgspec.DecodeError, ValueError, StopIteration) as e:
+            elif kind == protocol.PIXELS:
+                engine_core.supply_pixels(*protocol.decode_pixels(frames))
+        except (msgspec.DecodeError, ValueError, IndexError) as e:
             # A malformed message is the sender's bug; drop it rather than the engine.
             logger.error("dropping a malformed %r message: %s", kind, e)

@@ -29,6 +29,9 @@ class MultiModalFeature:
     pixel_values: np.ndarray | None = None  # [num_patches, C·T·P·P] float32, until encoded
     modality: str = "image"  # "image" | "video"
     seconds_per_temporal_patch: float = 0.0  # a video's; Qwen2.5-VL spaces temporal positions by it
+    # An image whose pixels the frontend keeps (sent by hash, or dropped here once encoded):
+    # while `pixel_values` is None, encoding it waits for EngineCoreOutputs.pixels_needed.
+    by_hash: bool = False
 
 
 class EngineRequest(msgspec.Struct, kw_only=True):
@@ -75,40 +78,63 @@ class SchedulerStats(msgspec.Struct, kw_only=True):
     num_preemptions: int = 0  # cumulative
 
 
-class EngineCoreOutputs(msgspec.Struct, kw_only=True):
+class EngineCoreOutputs(msgspec.Struct, kw_only=True, omit_defaults=True):
     outputs: list[EngineCoreOutput] = msgspec.field(default_factory=list)
     stats: SchedulerStats | None = None
+    # (request id, mm_hash) of images a scheduled request reached without pixels and whose
+    # embeddings the encoder cache no longer holds: the frontend answers each with PIXELS.
+    pixels_needed: list[tuple[str, str]] = msgspec.field(default_factory=list)
+    # mm_hash → whether the encoder cache holds it now, for every entry that changed since the
+    # last outputs: what the frontend's mirror of the cache applies, in order.
+    encoder_cache_changes: dict[str, bool] = msgspec.field(default_factory=dict)
 
 
 # ---------------------------------------------------------------------------------------------
-# Wire format over ZeroMQ. Frontend → EngineCore: [b"ADD", header, *pixel frames] or
-# [b"ABORT", ids]. EngineCore → frontend: [b"OUT", outputs] or [b"READY"/b"FAILED", info].
-# Pixel arrays travel as their own frames, sent without copying and received as views.
+# Wire format over ZeroMQ. Frontend → EngineCore: [b"ADD", header, *pixel frames],
+# [b"ABORT", ids] or [b"PIXELS", header, pixel frame]. EngineCore → frontend: [b"OUT", outputs]
+# or [b"READY"/b"FAILED", info]. Pixel arrays travel as their own frames, sent without copying
+# and received as views; a feature sent by hash alone has no frame.
 
-ADD, ABORT, OUT, READY, FAILED = b"ADD", b"ABORT", b"OUT", b"READY", b"FAILED"
+ADD, ABORT, PIXELS, OUT, READY, FAILED = b"ADD", b"ABORT", b"PIXELS", b"OUT", b"READY", b"FAILED"
 
+_Layout = tuple[int, str, tuple[int, ...]]  # (feature index, dtype, shape) of one pixel frame
 _encoder = msgspec.msgpack.Encoder()
-_request_decoder = msgspec.msgpack.Decoder(tuple[EngineRequest, list[tuple[str, tuple[int, ...]]]])
+_request_decoder = msgspec.msgpack.Decoder(tuple[EngineRequest, list[_Layout]])
+_pixels_decoder = msgspec.msgpack.Decoder(tuple[str, str, str, tuple[int, ...]])
 _outputs_decoder = msgspec.msgpack.Decoder(EngineCoreOutputs)
 
 
 def encode_add(request: EngineRequest) -> list:
-    arrays = [f.pixel_values for f in request.mm_features if f.pixel_values is not None]
+    with_pixels = [
+        (i, f.pixel_values) for i, f in enumerate(request.mm_features) if f.pixel_values is not None
+    ]
     stripped = msgspec.structs.replace(
         request,
         mm_features=[replace(f, pixel_values=None) for f in request.mm_features],
     )
-    layouts = [(a.dtype.str, a.shape) for a in arrays]
-    return [ADD, _encoder.encode((stripped, layouts)), *(np.ascontiguousarray(a).data for a in arrays)]
+    layouts = [(i, a.dtype.str, a.shape) for i, a in with_pixels]
+    frames = [np.ascontiguousarray(a).data for _, a in with_pixels]
+    return [ADD, _encoder.encode((stripped, layouts)), *frames]
 
 
 def decode_add(frames: list) -> EngineRequest:
     request, layouts = _request_decoder.decode(frames[1])
-    with_pixels = iter(zip(layouts, frames[2:]))
-    for feature in request.mm_features:
-        (dtype, shape), frame = next(with_pixels)
-        feature.pixel_values = np.frombuffer(frame, dtype=np.dtype(dtype)).reshape(shape)
+    if len(layouts) != len(frames) - 2:
+        raise ValueError(f"{len(layouts)} pixel layouts for {len(frames) - 2} pixel frames")
+    for (index, dtype, shape), frame in zip(layouts, frames[2:]):
+        request.mm_features[index].pixel_values = np.frombuffer(frame, dtype=np.dtype(dtype)).reshape(shape)
     return request
+
+
+def encode_pixels(request_id: str, mm_hash: str, pixel_values: np.ndarray) -> list:
+    """The pixels of image `mm_hash` that EngineCore asked for on behalf of `request_id`."""
+    header = _encoder.encode((request_id, mm_hash, pixel_values.dtype.str, pixel_values.shape))
+    return [PIXELS, header, np.ascontiguousarray(pixel_values).data]
+
+
+def decode_pixels(frames: list) -> tuple[str, str, np.ndarray]:
+    request_id, mm_hash, dtype, shape = _pixels_decoder.decode(frames[1])
+    return request_id, mm_hash, np.frombuffer(frames[2], dtype=np.dtype(dtype)).reshape(shape)
 
 
 def encode_abort(request_ids: list[str]) -> list:

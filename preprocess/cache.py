@@ -64,6 +64,10 @@ class ImageCache:
         for old in evicted:
             old.release()
 
+    def segment_names(self) -> set[str]:
+        with self._lock:
+            return {entry.handle.shm_name for entry in self._entries.values()}
+
     def clear(self) -> None:
         """Drop every entry (releasing the cache's references)."""
         with self._lock:

@@ -132,6 +132,12 @@ class PreprocessPool:
             spare_bytes=self._spares.held_bytes,
         )
 
+    def segments_in_use(self) -> list[str]:
+        """This pool's segments that neither the cache nor the spares hold: those of results
+        still referenced by a caller (or computing). With nothing in flight, any is a leak."""
+        held = self._cache.segment_names() | self._spares.names()
+        return [name for name in shm.list_segments(self.segment_prefix) if name not in held]
+
     def worker_pids(self) -> list[int]:
         """Process ids of the workers, in worker-index order (empty when inline)."""
         return self._executor.worker_pids()

@@ -43,6 +43,10 @@ class SpareSegments:
         if not keep:
             shm.unlink(shm_name)
 
+    def names(self) -> set[str]:
+        with self._lock:
+            return {name for group in self._by_size.values() for name in group}
+
     def close(self) -> None:
         """Unlink every spare; from now on every segment given is unlinked."""
         with self._lock:

@@ -8,12 +8,15 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from mmserve.core.request import Request
 from mmserve.core.sched_output import ExecutorDeadError, ModelRunnerOutput, SchedulerOutput
 from mmserve.core.scheduler import Scheduler
 from mmserve.protocol import EngineCoreOutput, EngineCoreOutputs, EngineRequest, MultiModalFeature
+
+if TYPE_CHECKING:
+    import numpy as np
 
 logger = logging.getLogger("mmserve.engine_core")
 
@@ -32,6 +35,7 @@ class EngineCore:
         self.executor = executor
         self.vocab_size = vocab_size  # the model's: token ids at or past it would index past the logits
         self._pending: list[EngineCoreOutput] = []  # rejections and aborts, sent with the next step
+        self.last_step_tokens = 0  # tokens the last step scheduled (0: its requests all wait)
 
     def add_request(self, engine_request: EngineRequest) -> None:
         """Queue a request; one that can never run is answered with an error output instead."""
@@ -57,11 +61,19 @@ class EngineCore:
     def abort_requests(self, request_ids: Iterable[str]) -> None:
         self._pending.extend(self.scheduler.abort_requests(request_ids))
 
+    def supply_pixels(self, request_id: str, mm_hash: str, pixel_values: np.ndarray) -> None:
+        """The frontend's answer to `pixels_needed`; pixels that do not fit fail the request."""
+        try:
+            self.scheduler.supply_pixels(request_id, mm_hash, pixel_values)
+        except ValueError as e:
+            self.scheduler.fail(self.scheduler.requests[request_id], str(e))
+
     def has_work(self) -> bool:
         return self.scheduler.has_unfinished_requests() or bool(self._pending)
 
     def step(self) -> EngineCoreOutputs:
         scheduler_output = self.scheduler.schedule()
+        self.last_step_tokens = scheduler_output.total_num_scheduled_tokens
         try:
             runner_output = self.executor.execute_model(scheduler_output)
         except ExecutorDeadError:
@@ -83,7 +95,7 @@ class EngineCore:
         if self._pending:
             outputs.outputs[:0] = self._pending
             self._pending = []
-        return outputs
+        return self._with_image_news(outputs)
 
     def check_health(self) -> None:
         """Raise ExecutorDeadError (after stopping what is left) if the executor lost a worker."""
@@ -101,7 +113,14 @@ class EngineCore:
         """`outputs` after the pending ones, with the scheduler's stats."""
         result = EngineCoreOutputs(outputs=self._pending + outputs, stats=self.scheduler.stats())
         self._pending = []
-        return result
+        return self._with_image_news(result)
+
+    def _with_image_news(self, outputs: EngineCoreOutputs) -> EngineCoreOutputs:
+        """What the frontend needs to know about images: pixels to send, and how the encoder
+        cache changed (for its mirror of it)."""
+        outputs.pixels_needed = self.scheduler.pixel_waits.take_needed()
+        outputs.encoder_cache_changes = self.scheduler.encoder_cache_manager.take_changes()
+        return outputs
 
 
 def check_token_ids(request: EngineRequest, vocab_size: int) -> None:

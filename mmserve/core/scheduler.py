@@ -6,7 +6,8 @@ capped by the step budget; then waiting requests are admitted in queue order, st
 their longest cached prefix. Chunked prefill is simply a request receiving fewer tokens than it
 has left. Images add one rule: a span that reaches an image not in the encoder cache encodes the
 whole image this step if the encoder budget and cache allow, else stops just before it
-(span_plan.py). When KV blocks run out, a running request is preempted and later recomputed.
+(span_plan.py); one sent by hash whose embeddings are gone waits for its pixels (pixel_waits.py).
+When KV blocks run out, a running request is preempted and later recomputed.
 A request with structured outputs waits for its grammar to compile before it is queued, and
 its tokens then advance its grammar's matcher (grammar.py).
 
@@ -20,11 +21,13 @@ from __future__ import annotations
 import enum
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from mmserve.config import CacheConfig, SchedulerConfig
 from mmserve.core.encoder_cache_manager import EncoderCacheManager
 from mmserve.core.grammar import GrammarGate, GrammarTracker
 from mmserve.core.kv_cache_manager import KVCacheManager
+from mmserve.core.pixel_waits import PixelWaits, drop_encoded_pixels
 from mmserve.core.request import Request, RequestStatus
 from mmserve.core.request_queue import create_request_queue
 from mmserve.core.sched_output import (
@@ -38,6 +41,9 @@ from mmserve.core.span_plan import SpanPlan, plan_span
 from mmserve.core.step_recovery import StepRecovery
 from mmserve.core.stopping import check_stop, unsent_prompt_logprobs
 from mmserve.protocol import EngineCoreOutput, EngineCoreOutputs, Logprobs, SchedulerStats
+
+if TYPE_CHECKING:
+    import numpy as np
 
 
 @dataclass
@@ -86,6 +92,7 @@ class Scheduler:
         self.step_recovery = StepRecovery(self)
         self.num_encoder_runs = 0
         self.grammar = GrammarGate(grammar)
+        self.pixel_waits = PixelWaits()
 
     # ------------------------------------------------------------------ admission
 
@@ -266,7 +273,16 @@ class Scheduler:
         threshold = self.config.long_prefill_token_threshold
         if threshold > 0:
             num_new = min(num_new, threshold)
-        return plan_span(self.encoder_cache_manager, request, num_computed, num_new, step.encoder_budget)
+        plan = plan_span(self.encoder_cache_manager, request, num_computed, num_new, step.encoder_budget)
+        self.pixel_waits.ask(request, plan.missing_pixels)
+        return plan
+
+    def supply_pixels(self, request_id: str, mm_hash: str, pixel_values: np.ndarray) -> None:
+        """Pixels the frontend sent for an image a request waits on (ignored if the request has
+        finished meanwhile); ValueError if they do not match the image's grid."""
+        request = self.requests.get(request_id)
+        if request is not None:
+            self.pixel_waits.supply(request, mm_hash, pixel_values)
 
     def _apply_encoder_plan(
         self, request: Request, plan: SpanPlan, encoder_inputs: dict[str, list[int]]
@@ -310,6 +326,7 @@ class Scheduler:
         """Append the tokens the runner sampled for `scheduler_output`, finish the requests that
         stop, and release the images the requests have computed past."""
         outputs = self.take_error_outputs()
+        drop_encoded_pixels(self.requests, scheduler_output)
         for request_id, new_tokens in zip(runner_output.req_ids, runner_output.sampled_token_ids):
             request = self.requests.get(request_id)
             if request is None or request.is_finished:
@@ -386,6 +403,7 @@ class Scheduler:
     def _finish(self, request: Request, status: RequestStatus) -> None:
         request.status = status
         self.step_recovery.forget(request.request_id)
+        self.pixel_waits.forget(request.request_id)
         was_compiling = self.grammar.discard(request)
         if request in self.running:
             self.running.remove(request)

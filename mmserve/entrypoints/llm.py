@@ -6,6 +6,8 @@ EngineCore runs in this process; each loop iteration is one engine step.
 from __future__ import annotations
 
 import itertools
+import shutil
+import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -14,7 +16,9 @@ from typing import Any
 from mmserve.config import EngineArgs
 from mmserve.engine import build_engine_core
 from mmserve.frontend.core_client import InprocCoreClient
+from mmserve.frontend.engine_mirror import PixelSources
 from mmserve.frontend.factory import build_frontend
+from mmserve.frontend.file_store import FileStore
 from mmserve.frontend.input_processor import ProcessedPrompt
 from mmserve.frontend.media import MediaLoader
 from mmserve.frontend.params import prepare_params, truncate_prompt
@@ -57,6 +61,9 @@ class LLM:
             raise
         self._client = InprocCoreClient(self.engine_core)
         self._ids = itertools.count()
+        self._sources = PixelSources()  # where the running requests' images are, should the engine ask
+        self._sources_of: set[str] = set()
+        self._files = FileStore(tempfile.mkdtemp(prefix="mmserve-files-"), ttl_s=None)
 
     def get_tokenizer(self) -> Tokenizer:
         return self.tokenizer
@@ -84,10 +91,18 @@ class LLM:
         `mm_processor_kwargs` ({"num_frames": N} or {"fps": F}) samples their videos."""
         conversations = messages if messages and isinstance(messages[0], list) else [messages]
         kwargs = chat_template_kwargs or {}
+        files = self._files.resolver("")
         prompts = [
-            self._inputs.chat(conversation, mm_processor_kwargs, **kwargs) for conversation in conversations
+            self._inputs.chat(conversation, mm_processor_kwargs, files, **kwargs)
+            for conversation in conversations
         ]
         return self._run(prompts, sampling_params)
+
+    def upload_image(self, data: bytes, filename: str = "image") -> str:
+        """Store an encoded image (checked and preprocessed now) for this LLM's lifetime; its id
+        works in chat parts as the server's Files API ids do ({"type": "image_file", ...})."""
+        mm_hash = self._inputs.media.preprocess_upload(data)
+        return self._files.add("", filename, "vision", data, mm_hash).id
 
     def stats(self) -> SchedulerStats:
         return self.engine_core.scheduler.stats()
@@ -96,6 +111,7 @@ class LLM:
         """Stop the workers (processes, with tensor parallelism) and the preprocess pool."""
         self.engine_core.shutdown()
         self._frontend.close()
+        shutil.rmtree(self._files.directory, ignore_errors=True)
 
     def __enter__(self) -> LLM:
         return self
@@ -114,14 +130,34 @@ class LLM:
             for prompt, params in zip(prompts, self._params_per_prompt(sampling_params, len(prompts)))
         ]
         finished: dict[str, RequestOutput] = {}
-        while len(finished) < len(request_ids):
-            engine_outputs = self._client.get_output()
-            results, to_abort = self._outputs.process_outputs(engine_outputs.outputs)
-            if to_abort:
-                self._client.abort_requests(to_abort)
-            for result in results:  # RequestOutputKind.FINAL_ONLY: each is a finished request
-                finished[result.request_id] = result
+        try:
+            while len(finished) < len(request_ids):
+                self._step(finished)
+        finally:
+            # Interrupted (an exception, ^C): what is unfinished is aborted, not left to wait in
+            # the engine for pixels no one will send.
+            for request_id in request_ids:
+                if request_id not in finished:
+                    self._client.abort_requests(self._outputs.abort(request_id))
+            self._sources.forget(list(self._sources_of))
+            self._sources_of.clear()
         return [finished[request_id] for request_id in request_ids]
+
+    def _step(self, finished: dict[str, RequestOutput]) -> None:
+        """One engine step; finished requests go to `finished`, asked-for pixels to the engine."""
+        engine_outputs = self._client.get_output()
+        self._inputs.media.mirror.apply(engine_outputs.encoder_cache_changes)
+        for engine_id, mm_hash in engine_outputs.pixels_needed:
+            source = self._sources.get(engine_id, mm_hash)
+            if source is not None:
+                with self._inputs.media.pixels(source, mm_hash) as processed:
+                    self._client.supply_pixels(engine_id, mm_hash, processed.pixel_values)
+                self._inputs.media.mirror.pixels_resent += 1
+        results, to_abort = self._outputs.process_outputs(engine_outputs.outputs)
+        if to_abort:
+            self._client.abort_requests(to_abort)
+        for result in results:  # RequestOutputKind.FINAL_ONLY: each is a finished request
+            finished[result.request_id] = result
 
     def _params_per_prompt(
         self, sampling_params: SamplingParams | Sequence[SamplingParams] | None, num_prompts: int
@@ -143,5 +179,7 @@ class LLM:
         for engine_id, child in self._outputs.add_request(
             request_id, prompt.prompt, prompt.token_ids, params
         ):
+            self._sources.add(engine_id, prompt.sources)
+            self._sources_of.add(engine_id)
             self._client.add_request(prompt.engine_request(engine_id, child, time.monotonic()))
         return request_id

@@ -147,6 +147,20 @@ def _add_server_arguments(group: argparse._ArgumentGroup) -> None:
         type=parse_bytes,
     )
     group.add_argument("--log-level", default=envs.log_level(), help="debug, info, warning or error.")
+    _add_files_arguments(group)
+
+
+def _add_files_arguments(group: argparse._ArgumentGroup) -> None:
+    """The Files API (/v1/files): uploaded images referred to by id in chat messages."""
+    _server_flag(group, "--files-dir", "files_dir", "Folder of uploaded files (default: a temporary one).")
+    _server_flag(
+        group, "--files-quota", "files_quota_bytes", "Bytes of uploads kept per API key.", type=parse_bytes
+    )
+    _server_flag(
+        group, "--files-max-count", "files_quota_count", "Uploaded files kept per API key.", type=int
+    )
+    _server_flag(group, "--files-ttl", "files_ttl_s", "Seconds an uploaded file is kept.", type=float)
+    _server_flag(group, "--max-file-size", "max_file_bytes", "Largest uploaded file.", type=parse_bytes)
 
 
 def parse_list(values: list[str]) -> tuple[str, ...]:
@@ -387,4 +401,9 @@ def server_config_from_cli(args: argparse.Namespace) -> ServerConfig:
         read_timeout_s=args.read_timeout,
         keep_alive_timeout_s=args.keep_alive_timeout,
         shutdown_timeout_s=args.shutdown_timeout,
+        files_dir=args.files_dir,
+        files_quota_bytes=args.files_quota,
+        files_quota_count=args.files_max_count,
+        files_ttl_s=args.files_ttl,
+        max_file_bytes=args.max_file_size,
     )

@@ -3,7 +3,8 @@
 One background task reads EngineCore's outputs, detokenises them (OutputProcessor) and hands
 each request its deltas (RequestOutputKind.DELTA) through its own queue, so the API handlers
 only await queues. If EngineCore dies, every open request gets EngineDeadError and
-`on_engine_dead` is called once.
+`on_engine_dead` is called once. The same task keeps the input processor's mirror of the
+engine's encoder cache current and answers the engine's asks for pixels (engine_mirror.py).
 """
 
 from __future__ import annotations
@@ -17,10 +18,11 @@ from collections.abc import AsyncIterator, Callable
 
 from mmserve.config import EngineConfig
 from mmserve.frontend.core_client import EngineDeadError, MPCoreClient
-from mmserve.frontend.input_processor import ProcessedPrompt
+from mmserve.frontend.engine_mirror import PixelSources
+from mmserve.frontend.input_processor import InputProcessor, ProcessedPrompt
 from mmserve.frontend.output_processor import OutputProcessor
 from mmserve.outputs import RequestOutput, RequestOutputKind
-from mmserve.protocol import SchedulerStats
+from mmserve.protocol import EngineCoreOutputs, SchedulerStats
 from mmserve.sampling_params import SamplingParams
 
 logger = logging.getLogger("mmserve.frontend")
@@ -63,10 +65,16 @@ class AsyncLLM:
         outputs: OutputProcessor,
         on_engine_dead: Callable[[], None] | None = None,
         on_outputs: Callable[[list[RequestOutput], SchedulerStats | None], None] | None = None,
+        inputs: InputProcessor | None = None,
     ) -> None:
+        """`inputs`: the input processor whose mirror and pool serve the engine's images (None:
+        prompts carry every image's pixels, and an ask for pixels fails its request)."""
         self.config = config
         self.client = MPCoreClient(config)
         self.outputs = outputs
+        self.inputs = inputs
+        self.pixel_sources = PixelSources()
+        self._suppliers: set[asyncio.Task] = set()
         self._queues: dict[str, asyncio.Queue] = {}
         self._on_engine_dead = on_engine_dead
         self._on_outputs = on_outputs
@@ -111,9 +119,11 @@ class AsyncLLM:
         if reservation is not None:
             reservation.take_one()
         finished = False
+        engine_ids = [engine_id for engine_id, _ in children]
         try:
             now = time.monotonic()
             for engine_id, child_params in children:
+                self.pixel_sources.add(engine_id, prompt.sources)
                 await self.client.add_request(prompt.engine_request(engine_id, child_params, now, priority))
             while not finished:
                 item = await queue.get()
@@ -123,6 +133,7 @@ class AsyncLLM:
                 yield item
         finally:
             self._queues.pop(request_id, None)
+            self.pixel_sources.forget(engine_ids)
             if not finished:
                 await self.abort(request_id)
 
@@ -146,6 +157,7 @@ class AsyncLLM:
                     if not self.client.is_alive():
                         raise EngineDeadError(f"EngineCore died (exit code {self.client.process.exitcode})")
                     continue
+                self._handle_images(engine_outputs)
                 deltas, to_abort = self.outputs.process_outputs(engine_outputs.outputs)
                 if to_abort:
                     await self.client.abort_requests(to_abort)
@@ -169,6 +181,33 @@ class AsyncLLM:
                 queue.put_nowait(error)
             if self._on_engine_dead is not None:
                 self._on_engine_dead()
+
+    def _handle_images(self, engine_outputs: EngineCoreOutputs) -> None:
+        if self.inputs is not None:
+            self.inputs.media.mirror.apply(engine_outputs.encoder_cache_changes)
+        for request_id, mm_hash in engine_outputs.pixels_needed:
+            task = asyncio.create_task(self._supply_pixels(request_id, mm_hash))
+            self._suppliers.add(task)
+            task.add_done_callback(self._suppliers.discard)
+
+    async def _supply_pixels(self, request_id: str, mm_hash: str) -> None:
+        """Send the engine the pixels it asked for; a request whose image cannot be had again
+        (its pool failed) is aborted rather than left waiting."""
+        source = self.pixel_sources.get(request_id, mm_hash)
+        if source is None:
+            return  # the request has finished or was aborted: the engine drops it
+        try:
+            if self.inputs is None:
+                raise RuntimeError("no input processor to make pixels with")
+            processed = await self.inputs.media.pixels_async(source, mm_hash)
+            try:
+                await self.client.send_pixels(request_id, mm_hash, processed.pixel_values)
+            finally:
+                processed.release()
+            self.inputs.media.mirror.pixels_resent += 1
+        except Exception:
+            logger.exception("could not supply the pixels of image %s to request %s", mm_hash, request_id)
+            await self.client.abort_requests([request_id])
 
     async def shutdown(self) -> None:
         if self._reader is not None:

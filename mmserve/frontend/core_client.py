@@ -12,6 +12,7 @@ import tempfile
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
+import numpy as np
 import zmq
 import zmq.asyncio
 
@@ -37,6 +38,10 @@ class InprocCoreClient:
 
     def abort_requests(self, request_ids: Iterable[str]) -> None:
         self.engine_core.abort_requests(list(request_ids))
+
+    def supply_pixels(self, request_id: str, mm_hash: str, pixel_values: np.ndarray) -> None:
+        """Copied: the caller's array lives in a shared-memory segment it is about to release."""
+        self.engine_core.supply_pixels(request_id, mm_hash, np.array(pixel_values))
 
     def has_work(self) -> bool:
         return self.engine_core.has_work()
@@ -110,6 +115,10 @@ class MPCoreClient:
 
     async def add_request(self, request: EngineRequest) -> None:
         await self._to_engine.send_multipart(protocol.encode_add(request), copy=False)
+
+    async def send_pixels(self, request_id: str, mm_hash: str, pixel_values: np.ndarray) -> None:
+        """Copied into the message (the array's segment is released after this returns)."""
+        await self._to_engine.send_multipart(protocol.encode_pixels(request_id, mm_hash, pixel_values))
 
     async def abort_requests(self, request_ids: list[str]) -> None:
         if request_ids:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from mmserve.frontend.async_llm import ServerShuttingDown
 from mmserve.frontend.core_client import EngineDeadError
+from mmserve.frontend.file_store import FileNotFound
 from mmserve.frontend.input_processor import PromptError
 from mmserve.frontend.media import MediaError
 from mmserve.frontend.tokenizer import TemplateError
@@ -15,6 +16,7 @@ from preprocess import ImageError, PreprocessError
 
 __all__ = [
     "EngineDeadError",
+    "FileNotFound",
     "ImageError",
     "MediaError",
     "PreprocessError",

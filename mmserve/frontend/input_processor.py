@@ -4,6 +4,11 @@ Chat messages are validated, their images and videos loaded (data URL, file, htt
 preprocessed by the pool, the chat template renders one <|image_pad|> per image and one
 <|video_pad|> per video, and each pad is expanded to its item's tokens (see `video_inputs` for
 a video's). The item's mm_hash from the pool keys every cache.
+
+An image the engine already holds (the mirror says so: engine_mirror.py) is hashed and sent by
+hash alone, never preprocessed or copied; every image's source is kept with the prompt, so the
+engine can be sent its pixels should it have evicted it meanwhile. Uploaded files
+(file_store.py) come in by id, with their hash computed at upload.
 """
 
 from __future__ import annotations
@@ -11,12 +16,15 @@ from __future__ import annotations
 import asyncio
 import operator
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 from PIL import Image
 
+from mmserve.frontend.engine_mirror import ImageSource
+from mmserve.frontend.file_store import FileResolver, StoredImage
 from mmserve.frontend.media import MediaLoader, RawDataUrl
+from mmserve.frontend.media_processor import MediaProcessor, Processed
 from mmserve.frontend.placeholders import PlaceholderMismatch, expand_placeholders
 from mmserve.frontend.tokenizer import Tokenizer
 from mmserve.frontend.video_inputs import (
@@ -30,9 +38,9 @@ from mmserve.frontend.video_inputs import (
 )
 from mmserve.protocol import EngineRequest, MultiModalFeature
 from mmserve.sampling_params import SamplingParams
-from preprocess import PreprocessPool, ProcessedImage, VideoSource
+from preprocess import PreprocessPool, VideoSource
 
-ImageInput = bytes | Image.Image
+ImageInput = bytes | Image.Image | StoredImage
 MediaInput = ImageInput | VideoData  # in the prompt's order
 
 ROLES = ("system", "user", "assistant", "tool")
@@ -51,6 +59,8 @@ class ProcessedPrompt:
     prompt: str | None
     token_ids: list[int]
     features: list[MultiModalFeature]
+    # mm_hash → where the image's bytes are, for as long as the request runs (see engine_mirror)
+    sources: dict[str, ImageSource] = field(default_factory=dict)
 
     def engine_request(
         self, request_id: str, params: SamplingParams, arrival_time: float, priority: int = 0
@@ -67,12 +77,17 @@ class ProcessedPrompt:
 
 
 def parse_messages(
-    messages: list[dict], loader: MediaLoader, max_images: int | None = None, max_videos: int | None = None
+    messages: list[dict],
+    loader: MediaLoader,
+    max_images: int | None = None,
+    max_videos: int | None = None,
+    files: FileResolver | None = None,
 ) -> tuple[list[dict], list[MediaInput]]:
     """Validate OpenAI-style messages → (messages for the template, image / video inputs in order).
 
     Every message is checked, and the image and video counts against their limits, before any
-    item is loaded: a request over a limit costs no file read or fetch."""
+    item is loaded: a request over a limit costs no file read or fetch. `files` resolves the
+    file ids of `file` / `image_file` parts (None: such parts are refused)."""
     if not isinstance(messages, list) or not messages:
         raise PromptError("messages must be a non-empty list", "messages")
     template_messages, refs = [], []
@@ -105,16 +120,37 @@ def parse_messages(
         )
     if max_videos is not None and num_videos > max_videos:
         raise PromptError(f"at most {max_videos} videos are allowed per prompt, got {num_videos}", "messages")
-    return template_messages, [_load(ref, loader) for ref in refs]
+    return template_messages, [_load(ref, loader, files) for ref in refs]
 
 
-def _load(ref: str | RawDataUrl | Image.Image | VideoRef, loader: MediaLoader) -> MediaInput:
+def _load(
+    ref: str | RawDataUrl | Image.Image | VideoRef | FileRef, loader: MediaLoader, files: FileResolver | None
+) -> MediaInput:
     if isinstance(ref, VideoRef):
         return VideoData(data=loader.load_video(ref.url))
+    if isinstance(ref, FileRef):
+        if files is None:
+            raise PromptError("file references are not served here (no Files API)", "messages")
+        return files(ref.file_id)
     return loader.load(ref) if isinstance(ref, str | RawDataUrl) else ref
 
 
-def _parse_part(part, where: str, refs: list[str | RawDataUrl | Image.Image | VideoRef]) -> dict:
+@dataclass(frozen=True)
+class FileRef:
+    file_id: str
+
+
+def _file_id(part: dict, kind: str, where: str) -> str:
+    """The id of a `{"type": "file", "file": {"file_id"}}` or `{"type": "image_file",
+    "image_file": {"file_id"}}` part (OpenAI's two shapes)."""
+    ref = part.get(kind)
+    file_id = ref.get("file_id") if isinstance(ref, dict) else None
+    if not isinstance(file_id, str) or not file_id:
+        raise PromptError(f"{where}.{kind}.file_id must be a non-empty string", "messages")
+    return file_id
+
+
+def _parse_part(part, where: str, refs: list[str | RawDataUrl | Image.Image | VideoRef | FileRef]) -> dict:
     """One content part → its template form; an image's URL (or PIL image) or a video's URL
     goes to `refs`."""
     if not isinstance(part, dict):
@@ -141,8 +177,13 @@ def _parse_part(part, where: str, refs: list[str | RawDataUrl | Image.Image | Vi
             raise PromptError(f"{where}.video_url.url must be a string", "messages")
         refs.append(VideoRef(url))
         return {"type": "video"}
+    if kind in ("file", "image_file"):
+        refs.append(FileRef(_file_id(part, kind, where)))
+        return {"type": "image"}
     raise PromptError(
-        f"{where}.type {_short(kind)} is not supported (use 'text', 'image_url' or 'video_url')", "messages"
+        f"{where}.type {_short(kind)} is not supported (use 'text', 'image_url', 'image_file', 'file' or "
+        "'video_url')",
+        "messages",
     )
 
 
@@ -165,8 +206,8 @@ def _videos_of(data: dict) -> list:
     return _as_list(videos)
 
 
-def as_pool_input(image: ImageInput) -> bytes | Image.Image:
-    if isinstance(image, (bytes, Image.Image)):
+def as_pool_input(image: ImageInput) -> bytes | Image.Image | StoredImage:
+    if isinstance(image, (bytes, Image.Image, StoredImage)):
         return image
     if isinstance(image, np.ndarray):
         return Image.fromarray(image)
@@ -193,6 +234,7 @@ class InputProcessor:
         self.video_limit = videos.limit if videos else 0
         # False: special-token text in messages is plain text (see special_text.py).
         self.special_tokens_in_content = special_tokens_in_content
+        self.media = MediaProcessor(pool)  # images and videos → pixels, or by hash (the mirror)
         # The longest token's text (byte-level BPE shows one character per byte): a bound on how
         # many characters one token can cover.
         self.max_token_chars = max(1, max(len(tokenizer.id_to_token(i)) for i in range(tokenizer.vocab_size)))
@@ -202,28 +244,42 @@ class InputProcessor:
     # request's videos instead of the server's default.
 
     def chat(
-        self, messages: list[dict], mm_processor_kwargs: dict | None = None, **template_kwargs
+        self,
+        messages: list[dict],
+        mm_processor_kwargs: dict | None = None,
+        files: FileResolver | None = None,
+        **template_kwargs,
     ) -> ProcessedPrompt:
-        text, token_ids, inputs = self._chat_tokens(messages, mm_processor_kwargs, template_kwargs)
-        return self._build(text, token_ids, [self.pool.process(item) for item in inputs])
+        text, token_ids, inputs = self._chat_tokens(messages, mm_processor_kwargs, template_kwargs, files)
+        return self._build(text, token_ids, *self.media.process_all(inputs))
 
     async def chat_async(
-        self, messages: list[dict], mm_processor_kwargs: dict | None = None, **template_kwargs
+        self,
+        messages: list[dict],
+        mm_processor_kwargs: dict | None = None,
+        files: FileResolver | None = None,
+        **template_kwargs,
     ) -> ProcessedPrompt:
         """`chat` without blocking the loop: validating, loading images, rendering and
         tokenising run in a thread (their cost grows with the request), then the items are
         awaited from the pool and the prompt is assembled in a thread too."""
         text, token_ids, inputs = await asyncio.to_thread(
-            self._chat_tokens, messages, mm_processor_kwargs, template_kwargs
+            self._chat_tokens, messages, mm_processor_kwargs, template_kwargs, files
         )
-        processed = await self._process_all_async(inputs)  # (over the context: refused before this)
-        return await asyncio.to_thread(self._build, text, token_ids, processed)
+        processed = await self.media.process_all_async(inputs)  # (over the context: refused before this)
+        return await asyncio.to_thread(self._build, text, token_ids, *processed)
 
     def _chat_tokens(
-        self, messages: list[dict], mm_processor_kwargs: dict | None, template_kwargs: dict
+        self,
+        messages: list[dict],
+        mm_processor_kwargs: dict | None,
+        template_kwargs: dict,
+        files: FileResolver | None = None,
     ) -> tuple[str, list[int], list]:
         """(prompt text, token ids with one pad per item, the pool's inputs) of a conversation."""
-        template_messages, items = parse_messages(messages, self.loader, self.image_limit, self.video_limit)
+        template_messages, items = parse_messages(
+            messages, self.loader, self.image_limit, self.video_limit, files
+        )
         hidden = None
         if not self.special_tokens_in_content:
             shielded, hidden = self.tokenizer.shield.hide([template_messages, template_kwargs])
@@ -238,14 +294,14 @@ class InputProcessor:
 
     def prompt(self, prompt: str | dict) -> ProcessedPrompt:
         text, token_ids, items = self._parse_prompt(prompt)
-        return self._build(text, token_ids, [self.pool.process(item) for item in self._pool_inputs(items)])
+        return self._build(text, token_ids, *self.media.process_all(self._pool_inputs(items)))
 
     async def prompt_async(self, prompt: str | dict) -> ProcessedPrompt:
         """`prompt` without blocking the loop (tokenising and assembling run in a thread)."""
         text, token_ids, items = await asyncio.to_thread(self._parse_prompt, prompt)
         self._check_length(len(token_ids))
-        processed = await self._process_all_async(self._pool_inputs(items))
-        return await asyncio.to_thread(self._build, text, token_ids, processed)
+        processed = await self.media.process_all_async(self._pool_inputs(items))
+        return await asyncio.to_thread(self._build, text, token_ids, *processed)
 
     def _pool_inputs(
         self, items: list[MediaInput], mm_processor_kwargs: dict | None = None
@@ -267,18 +323,6 @@ class InputProcessor:
             else as_pool_input(item)
             for item in items
         ]
-
-    async def _process_all_async(self, images: list) -> list[ProcessedImage]:
-        results = await asyncio.gather(
-            *(self.pool.process_async(im) for im in images), return_exceptions=True
-        )
-        errors = [r for r in results if isinstance(r, BaseException)]
-        if errors:
-            for r in results:
-                if isinstance(r, ProcessedImage):
-                    r.release()
-            raise errors[0]
-        return list(results)
 
     def _render(self, messages: list[dict], items: list, template_kwargs: dict) -> str:
         self._check_counts(items)
@@ -340,9 +384,14 @@ class InputProcessor:
         return token_ids
 
     def _build(
-        self, text: str | None, token_ids: list[int], processed: list[ProcessedImage]
+        self,
+        text: str | None,
+        token_ids: list[int],
+        processed: list[Processed],
+        sources: dict[str, ImageSource] | None = None,
     ) -> ProcessedPrompt:
-        """Expand each placeholder to its item's tokens; copy pixels out of shared memory."""
+        """Expand each placeholder to its item's tokens; copy pixels out of shared memory (an
+        image sent by hash has none to copy)."""
         try:
             expanded, features = expand_placeholders(
                 token_ids, processed, self.tokenizer.image_pad_id, self.videos.tokens if self.videos else None
@@ -353,7 +402,8 @@ class InputProcessor:
             for item in processed:
                 item.release()
         self._check_length(len(expanded))
-        return ProcessedPrompt(text, expanded, features)
+        self.media.count_sent(features)
+        return ProcessedPrompt(text, expanded, features, sources or {})
 
     def _encode(self, text: str, tokenize: Callable[[], list[int]] | None = None) -> list[int]:
         """Token ids of `text` (by `tokenize` if given), refusing at once a text too long to

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from mmserve.frontend.engine_mirror import ByHashImage
 from mmserve.frontend.video_inputs import VIDEO_PAD, VideoTokens
 from mmserve.protocol import MultiModalFeature
 from preprocess import ProcessedImage
@@ -21,10 +22,14 @@ class PlaceholderMismatch(ValueError):
 
 
 def expand_placeholders(
-    token_ids: list[int], processed: list[ProcessedImage], image_pad_id: int, videos: VideoTokens | None
+    token_ids: list[int],
+    processed: list[ProcessedImage | ByHashImage],
+    image_pad_id: int,
+    videos: VideoTokens | None,
 ) -> tuple[list[int], list[MultiModalFeature]]:
     """`processed`: the prompt's images and videos (each modality in prompt order). Pixels are
-    copied out of shared memory into the features; releasing `processed` is the caller's."""
+    copied out of shared memory into the features (an image sent by hash has none); releasing
+    `processed` is the caller's."""
     images = [p for p in processed if p.video_info is None]
     clips = [p for p in processed if p.video_info is not None]
     video_pad_id = videos.pad_id if videos is not None else -1
@@ -41,9 +46,12 @@ def expand_placeholders(
         previous = position + 1
         if token == image_pad_id:
             image = next(next_image)
-            pixels = np.array(image.pixel_values)
+            by_hash = image.pixel_values is None  # the engine holds it (see engine_mirror)
+            pixels = None if by_hash else np.array(image.pixel_values)
             features.append(
-                MultiModalFeature(image.mm_hash, len(expanded), image.num_tokens, image.grid_thw, pixels)
+                MultiModalFeature(
+                    image.mm_hash, len(expanded), image.num_tokens, image.grid_thw, pixels, by_hash=by_hash
+                )
             )
             expanded.extend([image_pad_id] * image.num_tokens)
         else:

@@ -31,6 +31,7 @@ from mmserve.config import EngineConfig, ServerConfig
 from mmserve.entrypoints.openai.collector import Collector
 from mmserve.entrypoints.openai.drain import Drain
 from mmserve.entrypoints.openai.errors import OpenAIError, bad_request
+from mmserve.entrypoints.openai.files import files_router, open_file_store
 from mmserve.entrypoints.openai.middleware import ApiKeyAuth, BodySizeLimit, HostCheck, InFlight, OriginCheck
 from mmserve.entrypoints.openai.parsing import describe_validation
 from mmserve.entrypoints.openai.routes import WEB_DIR, router
@@ -73,11 +74,19 @@ async def serving(
         if stats is not None:
             metrics.update_engine(stats)
 
-    engine = AsyncLLM(engine_config, frontend.outputs, on_engine_dead=on_engine_dead, on_outputs=on_outputs)
+    engine = AsyncLLM(
+        engine_config,
+        frontend.outputs,
+        on_engine_dead=on_engine_dead,
+        on_outputs=on_outputs,
+        inputs=frontend.inputs,
+    )
+    files = open_file_store(server_config)
     try:
         await engine.start()
     except BaseException:
         frontend.close()
+        files.close()
         await engine.shutdown()
         raise
     logger.info(
@@ -94,11 +103,12 @@ async def serving(
     collector = Collector(busy=lambda: in_flight.count > 0 or engine.num_unfinished > 0)
     collector.start()
     try:
-        yield AppState(engine, frontend, metrics, server_config, drain)
+        yield AppState(engine, frontend, metrics, server_config, drain, files.store)
     finally:
         collector.stop()
         # Stop both at once: a supervisor's SIGTERM grace period is short.
         await asyncio.gather(engine.shutdown(), asyncio.to_thread(frontend.close))
+        files.close()
 
 
 def build_app(
@@ -118,8 +128,8 @@ def build_app(
 
     app = FastAPI(title="mmserve", lifespan=lifespan)
     _add_error_handlers(app)
-    if server_config.api_key:
-        app.add_middleware(ApiKeyAuth, api_key=server_config.api_key)
+    if server_config.api_keys:
+        app.add_middleware(ApiKeyAuth, api_keys=server_config.api_keys)
     if server_config.allowed_origins:
         app.add_middleware(
             CORSMiddleware,
@@ -129,6 +139,7 @@ def build_app(
             allow_headers=list(server_config.allowed_headers),
         )
     app.include_router(router)
+    app.include_router(files_router)
     app.mount("/static", StaticFiles(directory=WEB_DIR), name="static")
     limited = BodySizeLimit(app, server_config.max_body_bytes)
     in_flight = InFlight(

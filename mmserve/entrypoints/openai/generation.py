@@ -19,6 +19,7 @@ from mmserve.entrypoints.openai.state import AppState
 from mmserve.frontend.async_llm import Reservation
 from mmserve.frontend.errors import (
     EngineDeadError,
+    FileNotFound,
     ImageError,
     MediaError,
     PreprocessError,
@@ -37,6 +38,8 @@ def client_error(e: Exception) -> OpenAIError:
     """Map a frontend exception to the HTTP error a client should see."""
     if isinstance(e, OpenAIError):
         return e
+    if isinstance(e, FileNotFound):  # a deleted, expired or someone else's file
+        return OpenAIError(404, str(e), "messages")
     if isinstance(e, PromptError):
         return bad_request(str(e), e.param)
     if isinstance(e, (MediaError, ImageError)):

@@ -68,11 +68,12 @@ class BodySizeLimit:
 
 class ApiKeyAuth:
     """401 unless a request to a protected route (`needs_key`) carries 'Authorization: Bearer
-    KEY'. The key is compared in constant time, so response timing does not reveal it."""
+    KEY' with one of the keys. Each key is compared in constant time, so response timing does
+    not reveal it."""
 
-    def __init__(self, app: ASGIApp, api_key: str) -> None:
+    def __init__(self, app: ASGIApp, api_keys: tuple[str, ...]) -> None:
         self.app = app
-        self._key = api_key.encode()
+        self._keys = [key.encode() for key in api_keys]
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and needs_key(scope["path"]) and not self._authorized(scope):
@@ -83,7 +84,8 @@ class ApiKeyAuth:
     def _authorized(self, scope: Scope) -> bool:
         header = Headers(scope=scope).get("authorization", "")
         supplied = header[len("Bearer ") :] if header.startswith("Bearer ") else ""
-        return hmac.compare_digest(supplied.encode(), self._key)
+        matches = [hmac.compare_digest(supplied.encode(), key) for key in self._keys]  # all compared
+        return any(matches)
 
 
 class HostCheck:

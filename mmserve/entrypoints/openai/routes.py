@@ -12,6 +12,7 @@ from fastapi.responses import FileResponse, JSONResponse, Response, StreamingRes
 
 from mmserve.entrypoints.openai.disconnect import until_disconnected
 from mmserve.entrypoints.openai.errors import OpenAIError, bad_request
+from mmserve.entrypoints.openai.files import resolver_for
 from mmserve.entrypoints.openai.generation import Generation, check_request, client_error
 from mmserve.entrypoints.openai.parsing import json_body, parse_body
 from mmserve.entrypoints.openai.schemas import (
@@ -80,7 +81,8 @@ async def metrics(state: State) -> Response:
 @router.post("/v1/chat/completions", openapi_extra=json_body(ChatCompletionRequest))
 async def chat_completions(raw: Request, state: State) -> Response:
     request = await parse_body(raw, ChatCompletionRequest)
-    return await _respond(raw, request, await build_chat(state, request), chat_stream, chat_response)
+    generation = await build_chat(state, request, resolver_for(raw, state))
+    return await _respond(raw, request, generation, chat_stream, chat_response)
 
 
 @router.post("/v1/completions", openapi_extra=json_body(CompletionRequest))

@@ -107,6 +107,11 @@ _VIDEO_PART = {
         "video_url": {"type": "object", "required": ["url"], "properties": {"url": {"type": "string"}}},
     },
 }
+_FILE_ID = {"type": "object", "required": ["file_id"], "properties": {"file_id": {"type": "string"}}}
+_FILE_PARTS = [  # an image uploaded to /v1/files, by id (OpenAI's two shapes)
+    {"type": "object", "required": ["type", kind], "properties": {"type": {"const": kind}, kind: _FILE_ID}}
+    for kind in ("image_file", "file")
+]
 MESSAGE_JSON_SCHEMA = {
     "type": "object",
     "required": ["role"],
@@ -115,7 +120,7 @@ MESSAGE_JSON_SCHEMA = {
         "content": {
             "anyOf": [
                 {"type": "string"},
-                {"type": "array", "items": {"anyOf": [_TEXT_PART, _IMAGE_PART, _VIDEO_PART]}},
+                {"type": "array", "items": {"anyOf": [_TEXT_PART, _IMAGE_PART, _VIDEO_PART, *_FILE_PARTS]}},
                 {"type": "null"},
             ]
         },

@@ -34,6 +34,7 @@ from mmserve.entrypoints.openai.state import AppState
 from mmserve.entrypoints.openai.streaming import ChatChoiceStream, CompletionChoiceStream, stream_response
 from mmserve.entrypoints.openai.tools import check_tools, parse_tool_calls, tool_call_grammar
 from mmserve.frontend.async_llm import Reservation
+from mmserve.frontend.file_store import FileResolver
 from mmserve.frontend.input_processor import ProcessedPrompt
 from mmserve.frontend.params import prepare_params, truncate_prompt
 from mmserve.outputs import CompletionOutput, RequestOutput
@@ -94,7 +95,10 @@ def _log_user(request: ChatCompletionRequest | CompletionRequest) -> None:
 # ------------------------------------------------------------------------------- chat
 
 
-async def build_chat(state: AppState, request: ChatCompletionRequest) -> Generation:
+async def build_chat(
+    state: AppState, request: ChatCompletionRequest, files: FileResolver | None = None
+) -> Generation:
+    """`files` resolves the messages' file ids as the caller (None: file parts are refused)."""
     check_request(state, request.model, request.priority)
     _log_user(request)
     try:
@@ -107,13 +111,14 @@ async def build_chat(state: AppState, request: ChatCompletionRequest) -> Generat
     check_answer_size(params, 1, state.engine.config.model.max_model_len)
     params = await _engine_params(state, params, request.stream)
     template_kwargs = dict(request.chat_template_kwargs or {})
-    if "messages" in template_kwargs:
-        raise bad_request("chat_template_kwargs must not set 'messages'", "chat_template_kwargs")
+    for reserved in ("messages", "mm_processor_kwargs", "files"):  # the input processor's own
+        if reserved in template_kwargs:
+            raise bad_request(f"chat_template_kwargs must not set {reserved!r}", "chat_template_kwargs")
     template_kwargs.setdefault("add_generation_prompt", request.add_generation_prompt)
     if tools and knows_tools:
         template_kwargs["tools"] = tools
     reservation = admit(state, 1)
-    chat = state.frontend.inputs.chat_async(messages, request.mm_processor_kwargs, **template_kwargs)
+    chat = state.frontend.inputs.chat_async(messages, request.mm_processor_kwargs, files, **template_kwargs)
     prompt = await prepare(reservation, chat)
     prompt = _truncated(prompt, params, reservation)
     _check_prompt_logprobs(params, [prompt], 1, reservation)

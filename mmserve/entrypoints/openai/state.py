@@ -11,6 +11,7 @@ from mmserve.config import ServerConfig
 from mmserve.entrypoints.openai.drain import Drain
 from mmserve.frontend.async_llm import AsyncLLM
 from mmserve.frontend.factory import Frontend
+from mmserve.frontend.file_store import FileStore
 from mmserve.metrics import ServerMetrics
 
 
@@ -21,6 +22,7 @@ class AppState:
     metrics: ServerMetrics
     server: ServerConfig
     drain: Drain
+    files: FileStore | None = None  # the Files API's store
     created: int = field(default_factory=lambda: int(time.time()))  # unix seconds, for /v1/models
 
     @property

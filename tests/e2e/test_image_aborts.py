@@ -1,0 +1,116 @@
+"""Random aborts of image requests leave nothing behind: no shared-memory segment outside the
+preprocess cache, no pixel source kept for the engine, no request, KV block or encoder-cache
+reference in EngineCore. The encoder cache holds about one image, so requests sent by hash
+often find their image evicted and wait for pixels when they are aborted.
+
+MMSERVE_ABORT_ROUNDS sets the number of aborted requests (default 300; the issue's figure:
+MMSERVE_ABORT_ROUNDS=1000 .venv/bin/python -m pytest -q tests/e2e/test_image_aborts.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import os
+import random
+
+from mmserve.config import EngineArgs
+from mmserve.frontend.async_llm import AsyncLLM
+from mmserve.frontend.factory import build_frontend
+from mmserve.frontend.media import MediaLoader
+from mmserve.sampling_params import SamplingParams
+from mmserve.testing.reference import png_bytes, synthetic_image
+from preprocess import probe
+
+ROUNDS = int(os.environ.get("MMSERVE_ABORT_ROUNDS", "300"))
+CONCURRENCY = 8
+
+
+def messages(urls: list[str]) -> list[dict]:
+    parts = [{"type": "image_url", "image_url": {"url": url}} for url in urls]
+    return [{"role": "user", "content": [*parts, {"type": "text", "text": "Describe it."}]}]
+
+
+async def one_request(engine: AsyncLLM, inputs, request_id: str, urls: list[str], rng: random.Random) -> bool:
+    """Submit, then leave after a random number of outputs or a random time; True if aborted."""
+    prompt = await inputs.chat_async(messages(urls))
+    params = SamplingParams(temperature=0.0, max_tokens=rng.choice([4, 16]))
+    stream = engine.generate(request_id, prompt, params)
+    leave_after = rng.choice([0, 0, 1, 2, 3, None])
+
+    async def consume() -> bool:
+        seen = 0
+        async for output in stream:
+            seen += 1
+            if output.finished:
+                return False
+            if leave_after is not None and seen > leave_after:
+                return True
+        return False
+
+    try:
+        aborted = await asyncio.wait_for(consume(), timeout=rng.choice([0.001, 0.01, 0.05, 5.0]))
+    except asyncio.TimeoutError:
+        aborted = True
+    await stream.aclose()  # leaving the stream early aborts the request
+    return aborted
+
+
+def engine_config(model_path, encoder_cache_size: int = 0):
+    args = EngineArgs(
+        model=model_path,
+        preprocess_workers=1,
+        max_num_batched_tokens=64,
+        num_kv_blocks=128,
+        encoder_cache_size=encoder_cache_size,
+    )
+    return args.create_engine_config()
+
+
+async def abort_many(model_path) -> tuple[dict, int]:
+    pictures = [png_bytes(synthetic_image(56 + 28 * k, 56 + 14 * k, seed=k)) for k in range(6)]
+    frontend = build_frontend(engine_config(model_path), MediaLoader(), open_ended=False)
+    largest = max(probe(p, frontend.pool.settings).num_tokens for p in pictures)
+    engine = AsyncLLM(engine_config(model_path, largest), frontend.outputs, inputs=frontend.inputs)
+    await engine.start()
+    try:
+        rng = random.Random(0)
+        urls = ["data:image/png;base64," + base64.b64encode(p).decode() for p in pictures]
+        aborted = 0
+        for start in range(0, ROUNDS, CONCURRENCY):
+            batch = [
+                one_request(engine, frontend.inputs, f"r{i}", rng.sample(urls, rng.choice([1, 2])), rng)
+                for i in range(start, min(start + CONCURRENCY, ROUNDS))
+            ]
+            aborted += sum(await asyncio.gather(*batch))
+        # A last request run to the end: its final outputs carry the engine's state after all
+        # the aborts (they reach the engine before it, on the same socket).
+        prompt = await frontend.inputs.chat_async(messages(urls[:1]))
+        async for _ in engine.generate("last", prompt, SamplingParams(temperature=0.0, max_tokens=2)):
+            pass
+        await asyncio.sleep(0.2)  # let the abort of any supply still in flight settle
+        stats = engine.latest_stats
+        state = {
+            "engine_requests": stats.num_running + stats.num_waiting,
+            "kv_blocks_in_use": stats.kv_blocks_in_use,
+            "encoder_cache_references": stats.encoder_cache_references,
+            "pixel_sources": len(engine.pixel_sources),
+            "frontend_requests": int(frontend.outputs.has_unfinished()),
+            "pool_pending": frontend.pool.stats().pending,
+            "segments_outside_the_cache": frontend.pool.segments_in_use(),
+            "images_by_hash": frontend.inputs.media.mirror.images_by_hash,
+            "pixels_resent": frontend.inputs.media.mirror.pixels_resent,
+        }
+        return state, aborted
+    finally:
+        await engine.shutdown()
+        frontend.close()
+
+
+def test_random_aborts_of_image_requests_leave_nothing_behind(model_path):
+    state, aborted = asyncio.run(abort_many(model_path))
+    print(f"{aborted} of {ROUNDS} aborted; {state}")
+    assert aborted >= ROUNDS // 2, f"only {aborted} of {ROUNDS} requests were aborted"
+    assert state["images_by_hash"] > 0 and state["pixels_resent"] > 0, state  # both paths were taken
+    leftovers = {k: v for k, v in state.items() if k not in ("images_by_hash", "pixels_resent") and v}
+    assert not leftovers, state
