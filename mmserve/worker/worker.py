@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from pathlib import Path
 
 import torch
@@ -47,9 +48,19 @@ class Worker:
         self.max_blocks_useful = scheduler_config.max_num_seqs * -(
             -model_config.max_model_len // cache_config.block_size
         )
+        start = time.perf_counter()
         self.runner = ModelRunner(model_config, cache_config, scheduler_config, self.device, execution_config)
+        logger.info("loaded the weights in %.1f s", time.perf_counter() - start)
+        start = time.perf_counter()
         self.num_blocks = self._num_blocks()
         self.runner.initialize_kv_cache(self.num_blocks)
+        kv_bytes = self.num_blocks * self.runner.kv_cache_bytes_per_block()
+        logger.info(
+            "allocated the KV cache: %d blocks, %.2f GiB, in %.1f s",
+            self.num_blocks,
+            kv_bytes / (1 << 30),
+            time.perf_counter() - start,
+        )
 
     def _num_blocks(self) -> int:
         """Blocks that fit the configured KV memory, the explicit block count, or (auto) the

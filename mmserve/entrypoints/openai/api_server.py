@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
@@ -25,6 +26,7 @@ from mmserve.entrypoints.openai.middleware import ApiKeyAuth, BodySizeLimit
 from mmserve.entrypoints.openai.parsing import describe_validation
 from mmserve.entrypoints.openai.routes import WEB_DIR, router
 from mmserve.entrypoints.openai.state import AppState
+from mmserve.entrypoints.startup import startup_report
 from mmserve.frontend.async_llm import AsyncLLM
 from mmserve.frontend.factory import build_frontend
 from mmserve.frontend.media import MediaLoader
@@ -38,9 +40,12 @@ async def serving(
     engine_config: EngineConfig, server_config: ServerConfig, on_engine_dead: Callable[[], None] | None
 ) -> AsyncIterator[AppState]:
     """The routes' state while the server runs: the frontend and a started EngineCore."""
+    start = time.perf_counter()
     media = MediaLoader(server_config.allowed_local_media_path, list(server_config.allowed_media_domains))
-    frontend = build_frontend(engine_config, media, open_ended=True)
-    metrics = ServerMetrics(server_config.served_model_name)
+    frontend = build_frontend(
+        engine_config, media, open_ended=True, chat_template=server_config.chat_template
+    )
+    metrics = ServerMetrics(server_config.served_model_name, engine_config.model.max_model_len)
 
     def on_outputs(_snapshots, stats) -> None:
         if stats is not None:
@@ -53,14 +58,16 @@ async def serving(
         frontend.close()
         await engine.shutdown()
         raise
-    logger.info(
-        "serving %s as %r; EngineCore pid %d with %d KV blocks; image segments %s*",
-        engine_config.model.path,
-        server_config.served_model_name,
-        engine.client.process.pid,
-        engine.client.num_blocks,
-        frontend.pool.segment_prefix,
+    report = startup_report(
+        engine_config,
+        server_config,
+        engine.client.ready,
+        engine_pid=engine.client.process.pid,
+        num_preprocess_workers=len(frontend.pool.worker_pids()),
+        segment_prefix=frontend.pool.segment_prefix,
+        start_time_s=time.perf_counter() - start,
     )
+    logger.info(report)
     try:
         yield AppState(engine, frontend, metrics, server_config)
     finally:
