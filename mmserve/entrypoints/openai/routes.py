@@ -10,6 +10,7 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import FileResponse, JSONResponse, Response, StreamingResponse
 
+from mmserve import __version__
 from mmserve.entrypoints.openai.disconnect import until_disconnected
 from mmserve.entrypoints.openai.errors import OpenAIError, bad_request
 from mmserve.entrypoints.openai.generation import Generation, check_request, client_error
@@ -43,24 +44,34 @@ async def health(state: State) -> Response:
     return JSONResponse({})
 
 
+@router.get("/version", include_in_schema=False)
+async def version() -> dict:
+    """Public, as vLLM's (the API-key check covers /v1 and the tokenizer routes only)."""
+    return {"version": __version__}
+
+
 @router.get("/v1/models")
 async def models(state: State) -> dict:
+    """One card per served name (vLLM's habit), each a name of the same model."""
     model = state.engine.config.model
-    card = {
-        "id": state.served_model_name,
-        "object": "model",
-        "created": state.created,
-        "owned_by": "mmserve",
-        "root": str(model.path),
-        "max_model_len": model.max_model_len,
-    }
-    return {"object": "list", "data": [card]}
+    cards = [
+        {
+            "id": name,
+            "object": "model",
+            "created": state.created,
+            "owned_by": "mmserve",
+            "root": str(model.path),
+            "max_model_len": model.max_model_len,
+        }
+        for name in state.server.served_model_names
+    ]
+    return {"object": "list", "data": cards}
 
 
 @router.get("/metrics")
 async def metrics(state: State) -> Response:
     stats = state.frontend.pool.stats()
-    state.metrics.update_preprocess(stats.cache_queries, stats.cache_hits)
+    state.metrics.update_preprocess(stats.cache_queries, stats.cache_hits, stats.pending)
     return Response(state.metrics.render(), media_type="text/plain; version=0.0.4")
 
 
@@ -123,3 +134,9 @@ async def detokenize(raw: Request, state: State) -> dict:
 @router.get("/", include_in_schema=False)
 async def chat_page() -> FileResponse:
     return FileResponse(WEB_DIR / "index.html")
+
+
+@router.get("/dashboard", include_in_schema=False)
+async def dashboard_page() -> FileResponse:
+    """Charts of /metrics over the last minutes, drawn in the browser (no state here)."""
+    return FileResponse(WEB_DIR / "dashboard.html")
