@@ -11,10 +11,9 @@ import argparse
 import asyncio
 import logging
 import sys
+from importlib.metadata import version
 from pathlib import Path
 from typing import TYPE_CHECKING
-
-from mmserve import __version__
 
 if TYPE_CHECKING:
     from mmserve.config import EngineConfig, ServerConfig
@@ -115,7 +114,7 @@ def build_parser(argv: list[str]) -> argparse.ArgumentParser:
     from mmserve.entrypoints.serve_args import add_serve_arguments
 
     parser = argparse.ArgumentParser(prog="mmserve", description="Serve vision-language models.")
-    parser.add_argument("--version", action="version", version=f"mmserve {__version__}")
+    parser.add_argument("--version", action="version", version=f"mmserve {version('mmserve')}")
     commands = parser.add_subparsers(dest="command", required=True)
     add_serve_arguments(commands.add_parser("serve", help="Start the OpenAI-compatible server."))
     bench_parser = commands.add_parser("bench", help="Benchmarks against a running server.")

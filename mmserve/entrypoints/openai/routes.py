@@ -4,13 +4,13 @@ the JSON routes parse their own bodies (`parse_body`) and publish the schema (`j
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable, Callable
+from importlib.metadata import version as installed_version
 from pathlib import Path
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import FileResponse, JSONResponse, Response, StreamingResponse
 
-from mmserve import __version__
 from mmserve.entrypoints.openai.disconnect import until_disconnected
 from mmserve.entrypoints.openai.errors import OpenAIError, bad_request
 from mmserve.entrypoints.openai.generation import Generation, check_request, client_error
@@ -47,7 +47,7 @@ async def health(state: State) -> Response:
 @router.get("/version", include_in_schema=False)
 async def version() -> dict:
     """Public, as vLLM's (the API-key check covers /v1 and the tokenizer routes only)."""
-    return {"version": __version__}
+    return {"version": installed_version("mmserve")}
 
 
 @router.get("/v1/models")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import json
+import re
 import shutil
 import socket
 import subprocess
@@ -148,8 +149,9 @@ def test_help_states_the_defaults(flag, default, capsys):
     with pytest.raises(SystemExit):
         cli.main(["serve", "--help"])
     text = " ".join(capsys.readouterr().out.split())
-    entry = text.split(f"{flag} {flag[2:].upper().replace('-', '_')} ", 1)[1].split(" --", 1)[0]
-    assert f"(default {default})" in entry
+    metavar = flag[2:].upper().replace("-", "_")
+    entry = re.search(rf"{flag} {metavar}(?:, -\w+ {metavar})? (.*?)(?= --|$)", text).group(1)
+    assert f"(default {default})" in entry, entry
 
 
 def test_a_hub_id_is_explained_in_one_line_before_anything_loads(capsys, tmp_path, monkeypatch):
