@@ -78,13 +78,21 @@ const CHARTS = [
   },
   {
     id: "preprocess",
-    title: "Preprocess pool",
+    title: "Preprocess pool queue",
     unit: "",
     series: [
       { id: "pending", label: "in flight", value: (_, n) => total(n.samples, "mmserve:preprocess_pending") },
+    ],
+  },
+  {
+    id: "mm-cache",
+    title: "Preprocess-cache hit rate",
+    unit: " %",
+    max: 100,
+    series: [
       {
         id: "hits",
-        label: "cache hit %",
+        label: "images",
         value: (p, n) => percent(ratio(p, n, "mmserve:mm_cache_hits_total", ["mmserve:mm_cache_queries_total"])),
       },
     ],
@@ -134,6 +142,8 @@ function buildCharts(container) {
 }
 
 function draw(now) {
+  // The x axis spans the history there is, up to WINDOW_S (a fresh page is not a flat line).
+  const span = Math.min(WINDOW_S, Math.max(20, now - scrapes[0].t));
   for (const chart of CHARTS) {
     const card = document.querySelector(`[data-chart=${chart.id}]`);
     const chartPoints = points.get(chart.id);
@@ -145,7 +155,7 @@ function draw(now) {
       const line = chartPoints
         .filter((point) => point.values[index] !== null)
         .map((point) => {
-          const x = 300 * (1 - (now - point.t) / WINDOW_S);
+          const x = 300 * (1 - (now - point.t) / span);
           const y = 78 - 76 * Math.min(1, point.values[index] / top);
           return `${x.toFixed(1)},${y.toFixed(1)}`;
         });
