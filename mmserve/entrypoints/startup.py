@@ -49,10 +49,10 @@ def startup_report(
         ),
         ("preprocess", workers),
         ("processes", f"EngineCore pid {engine_pid}; image segments {segment_prefix}* in /dev/shm"),
-        ("started in", f"{start_time_s:.1f} s (engine {ready.load_time_s:.1f} s)"),
+        ("started in", f"{start_time_s:.1f} s (model and KV cache: {ready.load_time_s:.1f} s)"),
         ("API", f"{url}/v1"),
         ("chat page", f"{url}/"),
-        ("metrics", f"{url}/metrics"),
+        ("dashboard", f"{url}/dashboard (charts of {url}/metrics)"),
     ]
     width = max(len(label) for label, _ in rows)
     return "\n".join(["mmserve is ready", *(f"  {label:<{width}}  {value}" for label, value in rows)])

@@ -79,7 +79,7 @@ def full_log(server: ServerProcess) -> str:
 
 def test_start_up_ends_with_one_block_that_says_what_how_and_where(server):
     log = full_log(server)
-    block = "\n".join(log[log.index("mmserve is ready") :].splitlines()[:13])
+    block = "\n".join(log[log.index("mmserve is ready") :].splitlines()[:14])
     url = re.escape(f"http://127.0.0.1:{server.port}")
     for row in (
         r"model\s+/\S+ \(\w+\), served as 'first', 'second'",
@@ -89,7 +89,8 @@ def test_start_up_ends_with_one_block_that_says_what_how_and_where(server):
         r"KV cache\s+\d+ blocks x 16 tokens = \d+ tokens; max concurrency \d+\.\d\d requests",
         r"preprocess\s+1 worker processes",
         rf"API\s+{url}/v1",
-        rf"chat page\s+{url}/",
+        rf"chat page\s+{url}/\n",
+        rf"dashboard\s+{url}/dashboard",
     ):
         assert re.search(row, block), (row, block)
     # progress before it, in order

@@ -46,9 +46,10 @@ def test_the_block_names_model_dtype_device_backend_capacity_workers_and_urls(en
     )
     assert rows["preprocess"] == "2 worker processes"
     assert rows["processes"] == "EngineCore pid 4242; image segments mmserve_pp_x_* in /dev/shm"
-    assert rows["started in"] == "4.5 s (engine 3.2 s)"
+    assert rows["started in"] == "4.5 s (model and KV cache: 3.2 s)"
     assert rows["API"] == "http://127.0.0.1:8123/v1"
     assert rows["chat page"] == "http://127.0.0.1:8123/"
+    assert rows["dashboard"] == "http://127.0.0.1:8123/dashboard (charts of http://127.0.0.1:8123/metrics)"
 
 
 @pytest.mark.parametrize(
