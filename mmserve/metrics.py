@@ -71,20 +71,31 @@ class ServerMetrics:
         prometheus_client.disable_created_metrics()
         self.registry = CollectorRegistry()
         self._labels = {"model_name": model_name, "engine": "0"}
-        labels = list(self._labels)
+        self._add_engine_metrics()
+        self._add_request_metrics(max_model_len)
+        self._last_totals: dict[str, int] = dict.fromkeys(_CUMULATIVE, 0)
+        self._last_mm = (0, 0)
+        self._progress: dict[str, tuple[int, float]] = {}  # request id → (tokens seen, last token time)
 
-        # Each returns the one labelled child, made now so that every series is exported from
-        # the start (at 0), as vLLM's are.
-        def gauge(name: str, doc: str) -> Gauge:
-            return Gauge(f"mmserve:{name}", doc, labels, registry=self.registry).labels(**self._labels)
+    # Each returns the one labelled child, made now so that every series is exported from the
+    # start (at 0), as vLLM's are.
+    def _gauge(self, name: str, doc: str) -> Gauge:
+        metric = Gauge(f"mmserve:{name}", doc, list(self._labels), registry=self.registry)
+        return metric.labels(**self._labels)
 
-        def counter(name: str, doc: str) -> Counter:
-            return Counter(f"mmserve:{name}", doc, labels, registry=self.registry).labels(**self._labels)
+    def _counter(self, name: str, doc: str) -> Counter:
+        metric = Counter(f"mmserve:{name}", doc, list(self._labels), registry=self.registry)
+        return metric.labels(**self._labels)
 
-        def histogram(name: str, doc: str, buckets) -> Histogram:
-            metric = Histogram(f"mmserve:{name}", doc, labels, buckets=buckets, registry=self.registry)
-            return metric.labels(**self._labels)
+    def _histogram(self, name: str, doc: str, buckets) -> Histogram:
+        metric = Histogram(
+            f"mmserve:{name}", doc, list(self._labels), buckets=buckets, registry=self.registry
+        )
+        return metric.labels(**self._labels)
 
+    def _add_engine_metrics(self) -> None:
+        """What the engine and the preprocess pool report: load, caches, preemptions."""
+        gauge, counter = self._gauge, self._counter
         self.running = gauge("num_requests_running", "Requests in the running batch.")
         self.waiting = gauge("num_requests_waiting", "Requests waiting to be scheduled.")
         self.kv_usage = gauge("kv_cache_usage_perc", "Fraction of KV cache blocks in use (0-1).")
@@ -102,12 +113,16 @@ class ServerMetrics:
         }
         self.mm_cache_queries = counter("mm_cache_queries", "Images looked up in the preprocessing cache.")
         self.mm_cache_hits = counter("mm_cache_hits", "Images found in the preprocessing cache.")
+
+    def _add_request_metrics(self, max_model_len: int) -> None:
+        """What the API server sees of each request: tokens, latencies, how it finished."""
+        counter, histogram = self._counter, self._histogram
         self.prompt_tokens = counter("prompt_tokens", "Prompt tokens of finished requests.")
         self.generation_tokens = counter("generation_tokens", "Generated tokens of finished requests.")
         self.request_success = Counter(
             "mmserve:request_success",
             "Finished requests, by finish reason.",
-            [*labels, "finished_reason"],
+            [*self._labels, "finished_reason"],
             registry=self.registry,
         )
         for reason in FINISHED_REASONS:  # every reason exported from the start, at 0
@@ -129,9 +144,6 @@ class ServerMetrics:
             "e2e_request_latency_seconds", "Request latency, arrival to finish.", _REQUEST_BUCKETS
         )
         self.phases = {key: histogram(name, doc, _REQUEST_BUCKETS) for key, (name, doc) in _PHASES.items()}
-        self._last_totals: dict[str, int] = dict.fromkeys(_CUMULATIVE, 0)
-        self._last_mm = (0, 0)
-        self._progress: dict[str, tuple[int, float]] = {}  # request id → (tokens seen, last token time)
 
     def update_engine(self, stats: SchedulerStats) -> None:
         self.running.set(stats.num_running)
