@@ -95,6 +95,10 @@ DEFAULT_VIDEOS_PER_PROMPT = 1
 """Videos one prompt may carry when `limit_per_prompt` does not name "video"."""
 
 
+PROCESSOR_KWARGS = ("min_pixels", "max_pixels")
+"""The image-processor settings --mm-processor-kwargs may override (they enter every image's hash)."""
+
+
 @dataclass(frozen=True)
 class MultiModalConfig:
     limit_per_prompt: dict[str, int] = field(default_factory=lambda: {"image": DEFAULT_IMAGES_PER_PROMPT})
@@ -102,11 +106,18 @@ class MultiModalConfig:
     preprocess_workers: int | None = None  # None = min(4, cpu count); 0 = in-process
     # How media are loaded, per modality (vLLM's --media-io-kwargs): {"video": {"num_frames": 16}}
     media_io_kwargs: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # Image-processor overrides for every request (vLLM's --mm-processor-kwargs): min/max_pixels
+    processor_kwargs: dict[str, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         unknown = set(self.limit_per_prompt) - {"image", "video"}
         if unknown:
             raise ValueError(f"limit_mm_per_prompt names unknown modalities {sorted(unknown)} (image, video)")
+        unknown = set(self.processor_kwargs) - set(PROCESSOR_KWARGS)
+        if unknown:
+            raise ValueError(
+                f"mm_processor_kwargs sets {sorted(unknown)}; mmserve takes {', '.join(PROCESSOR_KWARGS)}"
+            )
 
     @property
     def max_images_per_prompt(self) -> int:
@@ -336,6 +347,9 @@ class EngineArgs:
         default_factory=lambda: field_default(MultiModalConfig, "media_io_kwargs")
     )
     preprocess_workers: int | None = field_default(MultiModalConfig, "preprocess_workers")
+    mm_processor_kwargs: dict[str, int] = field(
+        default_factory=lambda: field_default(MultiModalConfig, "processor_kwargs")
+    )
     attention_backend: str = field_default(ExecutionConfig, "attention_backend")
     num_threads: int | None = field_default(ExecutionConfig, "num_threads")
     enforce_eager: bool = field_default(ExecutionConfig, "enforce_eager")
@@ -361,6 +375,10 @@ class EngineArgs:
             mm_encoder_tp_mode=self.mm_encoder_tp_mode,
         )
         check_model_fits(model, parallel)
+        max_pixels = (self.mm_processor_kwargs or {}).get("max_pixels")
+        if max_pixels:  # the encoder budget follows the server's image bound
+            factor = model.vision.patch_size * model.vision.spatial_merge_size
+            model = dataclasses.replace(model, max_image_tokens=max_pixels // (factor * factor))
         return EngineConfig(
             model=model,
             cache=CacheConfig(
@@ -385,6 +403,7 @@ class EngineArgs:
                 processor_cache_bytes=int(self.mm_processor_cache_gb * _GIB),
                 preprocess_workers=self.preprocess_workers,
                 media_io_kwargs=dict(self.media_io_kwargs or {}),
+                processor_kwargs=dict(self.mm_processor_kwargs or {}),
             ),
             execution=ExecutionConfig(
                 attention_backend=self.attention_backend,
@@ -403,7 +422,9 @@ class ServerConfig:
     """The HTTP server's settings (the engine's are in EngineConfig); the CLI's flags read their
     defaults here. Callbacks (what to do if EngineCore dies) are passed beside it, not in it."""
 
-    served_model_name: str
+    served_model_name: str  # the name answers carry and metrics are labelled with
+    served_model_aliases: tuple[str, ...] = ()  # further names requests may use (vLLM's extra names)
+    chat_template: str | None = None  # Jinja source replacing the model folder's (--chat-template)
     host: str = "127.0.0.1"
     port: int = 8000
     # required as 'Authorization: Bearer KEY' on /v1 and the tokenizer routes; several keys are
@@ -440,6 +461,10 @@ class ServerConfig:
     @property
     def api_keys(self) -> tuple[str, ...]:
         return tuple(key for key in (self.api_key or "").split(",") if key)
+
+    @property
+    def served_model_names(self) -> tuple[str, ...]:
+        return (self.served_model_name, *self.served_model_aliases)
 
     @property
     def served_hosts(self) -> tuple[str, ...]:

@@ -6,12 +6,13 @@ import logging
 import os
 import signal
 import sys
+import time
 from typing import TYPE_CHECKING
 
 import msgspec
 import zmq
 
-from mmserve import protocol
+from mmserve import envs, protocol
 from mmserve.config import EngineConfig
 from mmserve.core.sched_output import ExecutorDeadError
 
@@ -29,6 +30,12 @@ def run_engine_core_process(
 
     Never blocks on the frontend: it sleeps on its input socket only while it has no work.
     """
+    start = time.perf_counter()
+    # A spawned child starts with no logging set up; the server's level comes through the
+    # environment (the CLI exports MMSERVE_LOG_LEVEL), so progress lines reach the same stream.
+    logging.basicConfig(
+        level=envs.log_level().upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
     # Imported here, in the child: the API server process never loads the model code.
     from mmserve.engine import build_engine_core
 
@@ -52,7 +59,7 @@ def run_engine_core_process(
         outbox.send_multipart([protocol.FAILED, f"{type(e).__name__}: {e}".encode()])
         outbox.close(linger=2000)
         return
-    outbox.send_multipart([protocol.READY, str(engine_core.scheduler.kv.pool.num_blocks).encode()])
+    outbox.send_multipart(protocol.encode_ready(_ready(engine_core, time.perf_counter() - start)))
     poller = zmq.Poller()
     poller.register(inbox, zmq.POLLIN)
     dead = False
@@ -88,6 +95,19 @@ def run_engine_core_process(
         # interpreter's teardown (seconds on a loaded machine); everything it held is released.
         sys.stderr.flush()
         os._exit(1)
+
+
+def _ready(engine_core: EngineCore, load_time_s: float) -> protocol.EngineReady:
+    import torch
+
+    runner = engine_core.executor.runner  # the Worker (see mmserve.engine)
+    return protocol.EngineReady(
+        num_blocks=engine_core.scheduler.kv.pool.num_blocks,
+        device=str(runner.device),
+        num_threads=torch.get_num_threads(),
+        attention_backend=runner.attention_backend.name,
+        load_time_s=load_time_s,
+    )
 
 
 def _drain_inbox(inbox: zmq.Socket, engine_core: EngineCore) -> None:

@@ -21,6 +21,11 @@ def log_level() -> str:
     return os.environ.get("MMSERVE_LOG_LEVEL", "info")
 
 
+def set_log_level(level: str) -> None:
+    """Make `level` what log_level() returns here and in processes started from now on."""
+    os.environ["MMSERVE_LOG_LEVEL"] = level
+
+
 def num_threads() -> int | None:
     """MMSERVE_NUM_THREADS: torch intra-op threads in the engine process (None = the worker's default)."""
     value = os.environ.get("MMSERVE_NUM_THREADS")

@@ -63,6 +63,9 @@ class EngineCoreOutput(msgspec.Struct, array_like=True, omit_defaults=True):
     # token i + 1 (column 0 is that token, then the top k), the first position being the next
     # one not yet sent
     new_prompt_logprobs: Logprobs | None = None
+    # time.monotonic() (one clock for every process of the machine) of the request's first
+    # scheduling; 0 until then. The frontend derives vLLM's queue and prefill times from it.
+    first_scheduled_time: float = 0.0
 
 
 class SchedulerStats(msgspec.Struct, kw_only=True):
@@ -87,6 +90,16 @@ class EngineCoreOutputs(msgspec.Struct, kw_only=True, omit_defaults=True):
     # mm_hash → whether the encoder cache holds it now, for every entry that changed since the
     # last outputs: what the frontend's mirror of the cache applies, in order.
     encoder_cache_changes: dict[str, bool] = msgspec.field(default_factory=dict)
+
+
+class EngineReady(msgspec.Struct, kw_only=True):
+    """What EngineCore decided while starting, for the server's start-up report."""
+
+    num_blocks: int
+    device: str  # "cpu", "cuda:0"
+    num_threads: int  # torch intra-op threads of the engine process
+    attention_backend: str  # the resolved backend ("cpu", "torch", "triton"), never "auto"
+    load_time_s: float  # from the process's start to READY: weights, kernels, KV allocation
 
 
 # ---------------------------------------------------------------------------------------------
@@ -143,6 +156,14 @@ def encode_abort(request_ids: list[str]) -> list:
 
 def decode_abort(frames: list) -> list[str]:
     return msgspec.msgpack.decode(frames[1], type=list[str])
+
+
+def encode_ready(ready: EngineReady) -> list:
+    return [READY, _encoder.encode(ready)]
+
+
+def decode_ready(info: bytes) -> EngineReady:
+    return msgspec.msgpack.decode(info, type=EngineReady)
 
 
 def encode_outputs(outputs: EngineCoreOutputs) -> list:

@@ -29,9 +29,16 @@ def format_report(
     max_concurrency: int | None,
     request_rate: float,
     title: str = "Serving Benchmark Result",
+    *,
+    model: str | None = None,
+    dataset: str | None = None,
 ) -> str:
-    lines = [
-        f"{' ' + title + ' ':=^50}",
+    lines = [f"{' ' + title + ' ':=^50}"]
+    if model is not None:
+        lines.append(_row("Model:", model))
+    if dataset is not None:
+        lines.append(_row("Dataset:", dataset))
+    lines += [
         _row("Successful requests:", m.completed),
         _row("Failed requests:", m.failed),
     ]

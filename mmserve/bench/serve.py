@@ -69,7 +69,9 @@ def add_bench_serve_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--sweep-rates", type=_rates, default=None, help="e.g. 1,2,4,inf: one run per rate.")
     p.add_argument(
-        "--plot-file", default=None, help="PNG of latency/throughput vs rate (with --sweep-rates)."
+        "--plot-file",
+        default=None,
+        help="PNG of latency/throughput against the rate (each of --sweep-rates).",
     )
     p.add_argument("--result-file", default=None, help="Write the results here as JSON.")
     p.add_argument("--label", default="", help="Free text stored in the result file.")
@@ -118,7 +120,7 @@ def benchmark(args: argparse.Namespace, endpoint: Endpoint, dataset=None, skip_r
         load_before = os.getloadavg()[0]
         results, duration = asyncio.run(run(endpoint, work, shape, warmups, quiet=args.quiet))
         m = compute_metrics(results, duration, args.percentiles)
-        print(format_report(m, args.max_concurrency, rate))
+        print(format_report(m, args.max_concurrency, rate, model=endpoint.model, dataset=args.dataset_path))
         entry = {"request_rate": rate, "loadavg_1min_before": load_before} | metrics_json(m)
         if args.multi_turn:
             by_turn = ttft_by_turn(results, args.percentiles)
@@ -147,13 +149,43 @@ def benchmark(args: argparse.Namespace, endpoint: Endpoint, dataset=None, skip_r
     }
 
 
+def dataset_problem(dataset_path: str, hub_reachable=None) -> str | None:
+    """Why the dataset cannot be loaded, said at once (None when it may be): a name that is no
+    local folder needs the Hugging Face Hub, which `datasets` would otherwise retry for half a
+    minute before a raw ConnectionError."""
+    if Path(dataset_path).expanduser().exists():
+        return None
+    if (hub_reachable or _hub_reachable)():
+        return None
+    return (
+        f"--dataset-path {dataset_path!r} is not a local folder and the Hugging Face Hub cannot be "
+        "reached. Write a VisionArena-format dataset offline with\n"
+        "  python benchmarks/make_visionarena_dataset.py DIR --num-rows 500\n"
+        "and pass --dataset-path DIR."
+    )
+
+
+def _hub_reachable(timeout_s: float = 3.0) -> bool:
+    import socket
+
+    try:
+        socket.create_connection(("huggingface.co", 443), timeout=timeout_s).close()
+    except OSError:
+        return False
+    return True
+
+
 def run_bench_serve(args: argparse.Namespace) -> int:
+    problem = dataset_problem(args.dataset_path)
+    if problem:
+        print(f"mmserve bench serve: {problem}", file=sys.stderr)
+        return 2
     endpoint = endpoint_from_args(args)
     document = benchmark(args, endpoint)
     if args.result_file:
         Path(args.result_file).parent.mkdir(parents=True, exist_ok=True)
         Path(args.result_file).write_text(json.dumps(document, indent=2) + "\n")
-    if args.sweep_rates and args.plot_file:
+    if args.plot_file:  # one point without --sweep-rates
         from mmserve.bench.plots import plot_sweep
 
         plot_sweep(document["runs"], args.plot_file, f"{endpoint.model}: {args.label or endpoint.base_url}")

@@ -62,6 +62,7 @@ class Request:
         self.output_token_ids: list[int] = []
         self.num_computed_tokens = 0
         self.num_cached_tokens = -1  # prefix-cache hit at first scheduling; -1 until then
+        self.first_scheduled_time = 0.0  # time.monotonic() of its first scheduling; 0 until then
         self.num_preemptions = 0
         self.num_prompt_logprobs_sent = 0  # prompt positions whose logprobs went out
         self.status = RequestStatus.WAITING

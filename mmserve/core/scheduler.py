@@ -19,6 +19,7 @@ model run raised is undone and replayed one request at a time (step_recovery.py)
 from __future__ import annotations
 
 import enum
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -212,6 +213,7 @@ class Scheduler:
         request.num_computed_tokens = num_hit
         if request.num_cached_tokens < 0:
             request.num_cached_tokens = num_hit
+            request.first_scheduled_time = time.monotonic()
         self.waiting.add_running(self.running, request)
         self._commit(step, request, plan, new_block_ids)
         return _Admission.ADMITTED
@@ -369,6 +371,7 @@ class Scheduler:
                 Logprobs(logprobs.token_ids, logprobs.logprobs, logprobs.sampled_ranks) if logprobs else None
             ),
             num_cached_tokens=max(request.num_cached_tokens, 0),
+            first_scheduled_time=request.first_scheduled_time,
         )
 
     def take_error_outputs(self) -> list[EngineCoreOutput]:

@@ -11,6 +11,7 @@ import argparse
 import asyncio
 import logging
 import sys
+from importlib.metadata import version
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -18,6 +19,7 @@ if TYPE_CHECKING:
     from mmserve.config import EngineConfig, ServerConfig
 
 DEMO_MODEL = Path(__file__).resolve().parents[2] / "assets" / "demo-model"
+logger = logging.getLogger("mmserve.cli")
 
 
 def raise_open_file_limit() -> None:
@@ -31,28 +33,48 @@ def raise_open_file_limit() -> None:
 
 
 def serve(args: argparse.Namespace) -> int:
+    """Check what can be checked at once (flags, model folder, port), then load and serve; a
+    problem found before loading is one line on stderr and exit status 2."""
+    from mmserve import envs
+    from mmserve.entrypoints import preflight, vllm_flags
     from mmserve.entrypoints.serve_args import engine_args_from_cli, server_config_from_cli
 
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    envs.set_log_level(args.log_level)  # for the spawned EngineCore and preprocess workers
     raise_open_file_limit()
     if args.model is None:
         if not (DEMO_MODEL / "config.json").is_file():
             print(f"no model given and the bundled demo model is missing at {DEMO_MODEL}", file=sys.stderr)
             return 2
         args.model = str(DEMO_MODEL)
+    problems = vllm_flags.refusals(args) + [
+        problem
+        for problem in (
+            preflight.model_folder_problem(args.model),
+            preflight.port_problem(args.host, args.port),
+        )
+        if problem
+    ]
+    if problems:
+        print("\n".join(f"mmserve: {problem}" for problem in problems), file=sys.stderr)
+        return 2
+    for note in vllm_flags.no_effect_notes(args):
+        logger.info(note)
     try:
         engine_config = engine_args_from_cli(args).create_engine_config()
+        server_config = server_config_from_cli(args)
     except (ValueError, FileNotFoundError) as e:
         print(f"mmserve: {e}", file=sys.stderr)
         return 2
-    return run_server(engine_config, server_config_from_cli(args), args.log_level)
+    return run_server(engine_config, server_config, args.uvicorn_log_level or args.log_level)
 
 
-def run_server(engine_config: EngineConfig, server_config: ServerConfig, log_level: str) -> int:
-    """Serve until stopped: 0 after a clean stop (SIGTERM drains first, see http_server.py), 1 if
-    the server never started or EngineCore died (so a supervisor restarts it)."""
+def run_server(engine_config: EngineConfig, server_config: ServerConfig, uvicorn_log_level: str) -> int:
+    """Serve until stopped: 0 after a clean stop (SIGTERM drains first, see http_server.py;
+    Ctrl+C included), 1 if the server never started or EngineCore died (so a supervisor
+    restarts it)."""
     from mmserve.entrypoints.openai.api_server import build_app
     from mmserve.entrypoints.openai.drain import Drain
     from mmserve.entrypoints.openai.http_server import DrainingServer, build_server
@@ -69,8 +91,12 @@ def run_server(engine_config: EngineConfig, server_config: ServerConfig, log_lev
     server_config = fit_connection_limit(server_config)
     drain = Drain(server_config.shutdown_timeout_s)
     app = build_app(engine_config, server_config, on_engine_dead, drain)
-    server = build_server(app, server_config, log_level, drain.begin)
-    asyncio.run(server.serve())
+    server = build_server(app, server_config, uvicorn_log_level, drain.begin)
+    try:
+        asyncio.run(server.serve())
+    except KeyboardInterrupt:
+        # uvicorn shuts down gracefully on Ctrl+C, then raises the signal again for the caller.
+        print("mmserve: stopped", file=sys.stderr)
     if engine_died:
         print("mmserve: EngineCore died; exiting with status 1", file=sys.stderr)
         return 1
@@ -105,6 +131,7 @@ def build_parser(argv: list[str]) -> argparse.ArgumentParser:
     from mmserve.entrypoints.serve_args import add_serve_arguments
 
     parser = argparse.ArgumentParser(prog="mmserve", description="Serve vision-language models.")
+    parser.add_argument("--version", action="version", version=f"mmserve {version('mmserve')}")
     commands = parser.add_subparsers(dest="command", required=True)
     add_serve_arguments(commands.add_parser("serve", help="Start the OpenAI-compatible server."))
     bench_parser = commands.add_parser("bench", help="Benchmarks against a running server.")
@@ -121,13 +148,18 @@ def build_parser(argv: list[str]) -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Ctrl+C at any point ends the program with one line, not a traceback (status 130)."""
     argv = sys.argv[1:] if argv is None else argv
     args = build_parser(argv).parse_args(argv)
-    if args.command == "serve":
-        return serve(args)
-    from mmserve.bench.serve import run_bench_serve
+    try:
+        if args.command == "serve":
+            return serve(args)
+        from mmserve.bench.serve import run_bench_serve
 
-    return run_bench_serve(args)
+        return run_bench_serve(args)
+    except KeyboardInterrupt:
+        print("mmserve: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

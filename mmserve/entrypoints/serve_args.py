@@ -18,12 +18,14 @@ from mmserve.config import (
     ATTENTION_BACKENDS,
     EXECUTOR_BACKENDS,
     MM_ENCODER_TP_MODES,
+    PROCESSOR_KWARGS,
     SCHEDULING_POLICIES,
     CompilationConfig,
     EngineArgs,
     ServerConfig,
     field_default,
 )
+from mmserve.entrypoints.vllm_flags import add_vllm_flags, load_chat_template
 
 _UNITS = {"": 1, "b": 1, "k": 1e3, "kb": 1e3, "kib": 1024, "m": 1e6, "mb": 1e6, "mib": 1 << 20}
 _UNITS |= {"g": 1e9, "gb": 1e9, "gib": 1 << 30, "t": 1e12, "tb": 1e12, "tib": 1 << 40}
@@ -90,10 +92,30 @@ def parse_compilation_config(text: str) -> dict:
     return value
 
 
-def _engine_flag(group: argparse._ArgumentGroup, name: str, help_text: str, **options) -> None:
-    """--name-with-dashes for the EngineArgs field `name`, with that field's default."""
+def parse_mm_processor_kwargs(text: str) -> dict[str, int]:
+    """--mm-processor-kwargs '{"min_pixels": 3136, "max_pixels": 1003520}', as vLLM names it."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError:
+        value = None
+    if (
+        not isinstance(value, dict)
+        or set(value) - set(PROCESSOR_KWARGS)
+        or not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in value.values())
+    ):
+        raise argparse.ArgumentTypeError(
+            f"--mm-processor-kwargs sets {' and/or '.join(PROCESSOR_KWARGS)} (positive integers), "
+            f"""e.g. '{{"max_pixels": 1003520}}'; got {text!r}"""
+        )
+    return value
+
+
+def _engine_flag(group: argparse._ArgumentGroup, name: str, help_text: str, *aliases: str, **options) -> None:
+    """--name-with-dashes (and `aliases`) for the EngineArgs field `name`, with its default."""
     flag = "--" + name.replace("_", "-")
-    group.add_argument(flag, default=field_default(EngineArgs, name), help=help_text, **options)
+    group.add_argument(
+        flag, *aliases, dest=name, default=field_default(EngineArgs, name), help=help_text, **options
+    )
 
 
 def _server_flag(group: argparse._ArgumentGroup, flag: str, name: str, help_text: str, **options) -> None:
@@ -111,13 +133,17 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     _add_cache_arguments(parser.add_argument_group("KV cache"))
     _add_multimodal_arguments(parser.add_argument_group("images"))
     _add_parallel_arguments(parser.add_argument_group("tensor parallelism"))
+    add_vllm_flags(parser.add_argument_group("vLLM compatibility"))
 
 
 def _add_server_arguments(group: argparse._ArgumentGroup) -> None:
     _server_flag(group, "--host", "host", "Address to listen on (default %(default)s).")
     _server_flag(group, "--port", "port", "Port to listen on (default %(default)s).", type=int)
     group.add_argument(
-        "--served-model-name", default=None, help="Model id in the API (default: the folder's name)."
+        "--served-model-name",
+        nargs="+",
+        default=None,
+        help="Model ids in the API; answers and metrics carry the first (default: the folder's name).",
     )
     _server_flag(
         group,
@@ -312,6 +338,7 @@ def _add_cache_arguments(group: argparse._ArgumentGroup) -> None:
         "memory_utilization",
         "With --kv-cache-memory auto: on CPU the fraction of free memory the KV cache may take; on "
         "CUDA the fraction of the device the engine may fill (default %(default)s).",
+        "--gpu-memory-utilization",
         type=float,
     )
     _engine_flag(group, "num_kv_blocks", "KV cache size in blocks; overrides --kv-cache-memory.", type=int)
@@ -344,6 +371,13 @@ def _add_multimodal_arguments(group: argparse._ArgumentGroup) -> None:
         "mm_processor_cache_gb",
         "Size of the preprocessed-image cache (default %(default)s).",
         type=float,
+    )
+    _engine_flag(
+        group,
+        "mm_processor_kwargs",
+        """JSON, image-processor settings for every request: '{"min_pixels": 3136, "max_pixels": """
+        """1003520}' (default: the model folder's preprocessor_config.json).""",
+        type=parse_mm_processor_kwargs,
     )
     _engine_flag(
         group,
@@ -382,8 +416,11 @@ def engine_args_from_cli(args: argparse.Namespace) -> EngineArgs:
 
 
 def server_config_from_cli(args: argparse.Namespace) -> ServerConfig:
+    names = args.served_model_name or [Path(args.model).name]
     return ServerConfig(
-        served_model_name=args.served_model_name or Path(args.model).name,
+        served_model_name=names[0],
+        served_model_aliases=tuple(names[1:]),
+        chat_template=load_chat_template(args.chat_template),
         host=args.host,
         port=args.port,
         api_key=args.api_key or envs.api_key(),

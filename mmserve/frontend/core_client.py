@@ -73,6 +73,7 @@ class MPCoreClient:
         self._from_engine.bind(self.output_address)
         self.process = None
         self.num_blocks = 0
+        self.ready: protocol.EngineReady | None = None  # what the engine reported at READY
         self.dead = False
 
     async def start(self, timeout_s: float = 600.0) -> None:
@@ -89,26 +90,14 @@ class MPCoreClient:
             if await self._from_engine.poll(200):
                 kind, info = await self._from_engine.recv_multipart()
                 if kind == protocol.READY:
-                    self.num_blocks = int(info)
-                    self._log_capacity()
+                    self.ready = protocol.decode_ready(info)
+                    self.num_blocks = self.ready.num_blocks
                     return
                 raise RuntimeError(f"EngineCore failed to start: {info.decode()}")
             if not self.process.is_alive():
                 raise RuntimeError(f"EngineCore exited during start-up (exit code {self.process.exitcode})")
             if asyncio.get_running_loop().time() > deadline:
                 raise RuntimeError(f"EngineCore did not start within {timeout_s:.0f} s")
-
-    def _log_capacity(self) -> None:
-        block_size, max_model_len = self.config.cache.block_size, self.config.model.max_model_len
-        num_tokens = self.num_blocks * block_size
-        logger.info(
-            "KV cache: %d blocks of %d tokens (%d tokens); max concurrency %.2f requests of %d tokens",
-            self.num_blocks,
-            block_size,
-            num_tokens,
-            num_tokens / max_model_len,
-            max_model_len,
-        )
 
     def is_alive(self) -> bool:
         return self.process is not None and self.process.is_alive()

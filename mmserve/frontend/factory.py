@@ -56,14 +56,22 @@ def default_sampling_params(
 
 
 def build_frontend(
-    config: EngineConfig, media: MediaLoader, *, open_ended: bool, special_tokens_in_content: bool = False
+    config: EngineConfig,
+    media: MediaLoader,
+    *,
+    open_ended: bool,
+    special_tokens_in_content: bool = False,
+    chat_template: str | None = None,
 ) -> Frontend:
     """Read the model folder's tokenizer and preprocessor config and start the preprocess pool
     (`config.multimodal.preprocess_workers` processes; 0 = in this process). Special-token text
-    in chat messages is plain text unless `special_tokens_in_content`."""
+    in chat messages is plain text unless `special_tokens_in_content`. `chat_template` (Jinja
+    source) replaces the folder's; `config.multimodal.processor_kwargs` override the
+    preprocessor config's pixel bounds, and so enter every image's hash."""
     model_dir = config.model.path
-    tokenizer = Tokenizer(model_dir)
+    tokenizer = Tokenizer(model_dir, chat_template=chat_template)
     processor_config = json.loads((model_dir / "preprocessor_config.json").read_text())
+    processor_config |= config.multimodal.processor_kwargs
     pool = PreprocessPool(
         ProcessorSettings.from_hf_config(processor_config, family=config.model.family),
         config.multimodal.preprocess_workers,

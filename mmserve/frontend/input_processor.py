@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from PIL import Image
 
+from mmserve.config import PROCESSOR_KWARGS
 from mmserve.frontend.engine_mirror import ImageSource
 from mmserve.frontend.file_store import FileResolver, StoredImage
 from mmserve.frontend.media import MediaLoader, RawDataUrl
@@ -307,6 +308,11 @@ class InputProcessor:
         self, items: list[MediaInput], mm_processor_kwargs: dict | None = None
     ) -> list[bytes | Image.Image | VideoSource]:
         """What the pool is given for each item; videos sampled per the request or the server."""
+        if set(mm_processor_kwargs or {}) & set(PROCESSOR_KWARGS):
+            raise PromptError(
+                "min_pixels and max_pixels are the server's (--mm-processor-kwargs), not a request's",
+                "mm_processor_kwargs",
+            )
         if not any(isinstance(item, VideoData) for item in items):
             return [as_pool_input(item) for item in items]
         if self.videos is None:

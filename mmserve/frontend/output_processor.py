@@ -88,6 +88,10 @@ class _Parent:
     num_cached_tokens: int = 0
     error: str | None = None
     first_token_time: float | None = None
+    last_token_time: float | None = None
+    first_scheduled_time: float = 0.0  # EngineCore's clock, which is this process's (monotonic)
+    # seconds: time_to_first_token_s, e2e_latency_s, and vLLM's queue / prefill / decode /
+    # inference times once the engine has reported its first scheduling
     metrics: dict[str, float] = field(default_factory=dict)
     prompt_logprobs: PromptLogprobs | None = None
     prompt_logprobs_sent: bool = False
@@ -123,6 +127,31 @@ class _Parent:
             prompt_logprobs=prompt_logprobs,
             metrics=self.metrics,
         )
+
+
+def _record_times(parent: _Parent, out: EngineCoreOutput, now: float) -> None:
+    """Note the request's first scheduling and its first and latest token (see _Parent.metrics)."""
+    if out.first_scheduled_time and not parent.first_scheduled_time:
+        parent.first_scheduled_time = out.first_scheduled_time
+        parent.metrics["queue_time_s"] = max(0.0, out.first_scheduled_time - parent.arrival_time)
+    if not out.new_token_ids:
+        return
+    parent.last_token_time = now
+    if parent.first_token_time is None:
+        parent.first_token_time = now
+        parent.metrics["time_to_first_token_s"] = now - parent.arrival_time
+        if parent.first_scheduled_time:
+            parent.metrics["prefill_time_s"] = max(0.0, now - parent.first_scheduled_time)
+
+
+def _record_finish(parent: _Parent, now: float) -> None:
+    parent.metrics["e2e_latency_s"] = now - parent.arrival_time
+    if parent.first_token_time is not None and parent.last_token_time is not None:
+        parent.metrics["decode_time_s"] = parent.last_token_time - parent.first_token_time
+        if parent.first_scheduled_time:
+            parent.metrics["inference_time_s"] = max(
+                0.0, parent.last_token_time - parent.first_scheduled_time
+            )
 
 
 def child_params(params: SamplingParams, index: int) -> SamplingParams:
@@ -197,9 +226,7 @@ class OutputProcessor:
             if entry is None:
                 continue  # finished here already (stop string) or aborted by the caller
             parent, child = entry
-            if out.new_token_ids and parent.first_token_time is None:
-                parent.first_token_time = now
-                parent.metrics["time_to_first_token_s"] = now - parent.arrival_time
+            _record_times(parent, out, now)
             parent.num_cached_tokens = max(parent.num_cached_tokens, out.num_cached_tokens)
             if out.new_prompt_logprobs is not None:
                 self._add_prompt_logprobs(parent, out.new_prompt_logprobs, child.params.prompt_logprobs or 0)
@@ -213,7 +240,7 @@ class OutputProcessor:
         results = []
         for parent in updated.values():
             if parent.finished:
-                parent.metrics["e2e_latency_s"] = now - parent.arrival_time
+                _record_finish(parent, now)
                 del self._parents[parent.request_id]
             result = parent.output()
             if result is not None:

@@ -29,7 +29,8 @@ def _raise_exception(message: str) -> None:
 
 
 class Tokenizer:
-    def __init__(self, model_dir: str | Path) -> None:
+    def __init__(self, model_dir: str | Path, chat_template: str | None = None) -> None:
+        """`chat_template` (Jinja source) replaces the folder's template, as vLLM's --chat-template."""
         model_dir = Path(model_dir)
         tokenizer_file = model_dir / "tokenizer.json"
         if not tokenizer_file.is_file():
@@ -48,7 +49,7 @@ class Tokenizer:
         eos = self.config.get("eos_token")
         eos = eos.get("content") if isinstance(eos, dict) else eos
         self.eos_token_id = self._tok.token_to_id(eos) if eos else None
-        template = _load_chat_template(model_dir, self.config)
+        template = chat_template or _load_chat_template(model_dir, self.config)
         env = jinja2.sandbox.ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
         env.globals["raise_exception"] = _raise_exception
         env.filters["tojson"] = lambda v, indent=None: json.dumps(v, indent=indent, ensure_ascii=False)

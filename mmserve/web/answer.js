@@ -2,7 +2,7 @@
 // together with its statistics.
 
 import { streamChat } from "./api.js";
-import { requestFields } from "./settings.js";
+import { requestFields, samplingLabel } from "./settings.js";
 
 /** The messages in the API's form: text and image_url parts; failed answers are left out. */
 function apiMessages(messages, systemPrompt) {
@@ -29,6 +29,7 @@ export async function streamAnswer(message, history, settings, { signal, onText 
   const started = performance.now();
   let firstTokenAt = null;
   let usage = null;
+  let timing = null; // the server's own token timing, in the stream's last chunk
   try {
     for await (const chunk of streamChat(body, { apiKey: settings.api_key, signal })) {
       const delta = chunk.choices?.[0]?.delta?.content;
@@ -38,19 +39,24 @@ export async function streamAnswer(message, history, settings, { signal, onText 
         onText();
       }
       if (chunk.usage) usage = chunk.usage;
+      if (chunk.timing) timing = chunk.timing;
     }
   } catch (error) {
     if (error.name === "AbortError") message.stopped = true;
     else message.error = error.status ? `${error.message} (HTTP ${error.status})` : error.message;
+    if (error.status === 401) message.error += ". Enter the server's API key in Settings (⚙, top right).";
   }
-  message.stats = timings(started, firstTokenAt, performance.now(), usage);
+  const stats = timings(started, firstTokenAt, usage, timing);
+  message.stats = stats && { ...stats, sampling: samplingLabel(settings) };
 }
 
-// Decode speed counts the tokens after the first, over the time after the first.
-function timings(started, firstTokenAt, ended, usage) {
+// Decode speed counts the tokens after the first over the time from the first to the last, as
+// the server timed them: tokens often reach the page several at a time (one network read), so
+// the page's own clock would divide by almost nothing. Without the server's timing, no figure.
+function timings(started, firstTokenAt, usage, timing) {
   if (firstTokenAt === null) return usage && { ttft_s: null, tokens_per_s: null, usage };
   const decoded = (usage?.completion_tokens ?? 0) - 1;
-  const decode_s = (ended - firstTokenAt) / 1000;
+  const decode_s = timing?.decode_time_s;
   return {
     ttft_s: (firstTokenAt - started) / 1000,
     tokens_per_s: decoded > 0 && decode_s > 0 ? decoded / decode_s : null,

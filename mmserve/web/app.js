@@ -7,7 +7,14 @@
 import { streamAnswer } from "./answer.js";
 import { listModels } from "./api.js";
 import { createComposer } from "./composer.js";
-import { bindSettingsForm, bindThemeToggle, loadSettings, showModels } from "./settings.js";
+import {
+  bindSettingsForm,
+  bindThemeToggle,
+  changeSetting,
+  loadSettings,
+  samplingSummary,
+  showModels,
+} from "./settings.js";
 import * as store from "./store.js";
 import {
   editMessage,
@@ -26,14 +33,19 @@ const state = {
   current: null,
   streaming: null, // {conversation, message, controller} while an answer is generated
   settings: loadSettings(),
+  composer: null,
+  authNotice: false, // the notice shown is about the API key (it goes once a key works)
 };
 
 // ----------------------------------------------------------------------------- notices
 
-function showNotice(text) {
+function showNotice(text, { auth = false } = {}) {
   $("notice-text").textContent = text;
   $("notice").hidden = false;
+  state.authNotice = auth;
 }
+
+const AUTH_HINT = "This server needs an API key: enter it in Settings (⚙, top right).";
 
 function announce(text) {
   $("status").textContent = text;
@@ -232,10 +244,27 @@ async function refreshModels() {
       state.settings,
     );
     $("model-name").textContent = state.settings.model;
+    if (state.authNotice) $("notice").hidden = true;
   } catch (error) {
     $("model-name").textContent = "";
-    showNotice(`Could not list the models: ${error.message}`);
+    const auth = error.status === 401;
+    showNotice(`Could not list the models: ${error.message}.${auth ? ` ${AUTH_HINT}` : ""}`, { auth });
   }
+}
+
+function showSampling() {
+  const temperature = state.settings.temperature.trim();
+  $("greedy").checked = temperature !== "" && Number(temperature) === 0;
+  $("sampling-summary").textContent = samplingSummary(state.settings);
+}
+
+/** A sample question: attach its picture (fetched like a file) and send the question. */
+async function askSample(button) {
+  const response = await fetch(`static/samples/${button.dataset.sample}`);
+  const file = new File([await response.blob()], button.dataset.sample, { type: "image/png" });
+  await state.composer.addFiles([file]);
+  $("prompt").value = button.dataset.question;
+  state.composer.submit();
 }
 
 // ----------------------------------------------------------------------------- wiring
@@ -262,10 +291,16 @@ function wire() {
   });
   bindSettingsForm($("settings-form"), state.settings, (name) => {
     if (name === "model") $("model-name").textContent = state.settings.model;
+    showSampling();
   });
+  $("greedy").onchange = () => {
+    changeSetting($("settings-form"), state.settings, "temperature", $("greedy").checked ? "0" : "");
+    showSampling();
+  };
+  showSampling();
   // On "change" (leaving the field), not on each keystroke: a half-typed key would be refused.
   $("settings-form").elements.api_key.addEventListener("change", refreshModels);
-  createComposer({
+  state.composer = createComposer({
     form: $("composer"),
     textarea: $("prompt"),
     fileInput: $("file-input"),
@@ -286,6 +321,8 @@ function wire() {
     if (button.dataset.action === "delete") remove(conversation);
   };
   $("thread").onclick = (event) => {
+    const sample = event.target.closest("[data-sample]");
+    if (sample) return askSample(sample);
     const button = event.target.closest("[data-action]");
     if (!button) return;
     const index = Number(button.closest("[data-index]").dataset.index);

@@ -1,9 +1,57 @@
 // The message composer: text, and images attached by file picker, drag-and-drop or paste.
 //
-// Images are read as data URLs as they are, without re-encoding, so the server sees exactly
-// the bytes of the file the user chose.
+// Every file is checked before it is attached: its first bytes must be an image format the
+// server decodes (a name or a MIME type says nothing: a text file named .png is not a picture),
+// and it must decode here. Images are then sent as the bytes the user chose, except large ones,
+// which are downscaled here so that the request stays small.
 
-const MAX_IMAGE_BYTES = 20 << 20; // well under the server's default 64 MiB request limit
+const MAX_IMAGE_BYTES = 8 << 20; // larger files are downscaled before sending
+const MAX_IMAGE_PIXELS = 4096 * 4096; // so are larger pictures
+const DOWNSCALED_PIXELS = 2048 * 2048;
+
+// Leading bytes of the formats the server decodes (preprocess DEFAULT_FORMATS).
+const SIGNATURES = [
+  ["PNG", [0x89, 0x50, 0x4e, 0x47, 0x0d, 0x0a, 0x1a, 0x0a]],
+  ["JPEG", [0xff, 0xd8, 0xff]],
+  ["GIF", [0x47, 0x49, 0x46, 0x38]],
+  ["BMP", [0x42, 0x4d]],
+  ["TIFF", [0x49, 0x49, 0x2a, 0x00]],
+  ["TIFF", [0x4d, 0x4d, 0x00, 0x2a]],
+  ["WEBP", [0x52, 0x49, 0x46, 0x46, null, null, null, null, 0x57, 0x45, 0x42, 0x50]],
+];
+
+/** The image format `file`'s first bytes announce, or null. */
+export async function imageFormat(file) {
+  const head = new Uint8Array(await file.slice(0, 12).arrayBuffer());
+  const match = SIGNATURES.find(([, bytes]) => bytes.every((b, i) => b === null || head[i] === b));
+  return match ? match[0] : null;
+}
+
+/**
+ * `file` as a data URL to send: as it is, or downscaled (JPEG) when it is large. Throws an Error
+ * whose message says why a file cannot be sent.
+ */
+async function prepareImage(file) {
+  if (!(await imageFormat(file))) throw new Error("is not an image (PNG, JPEG, GIF, WebP, BMP or TIFF)");
+  let bitmap;
+  try {
+    bitmap = await createImageBitmap(file);
+  } catch {
+    throw new Error("looks like an image but could not be decoded");
+  }
+  const pixels = bitmap.width * bitmap.height;
+  if (file.size <= MAX_IMAGE_BYTES && pixels <= MAX_IMAGE_PIXELS) {
+    bitmap.close();
+    return { url: await readAsDataUrl(file), downscaled: null };
+  }
+  const scale = Math.min(1, Math.sqrt(DOWNSCALED_PIXELS / pixels));
+  const canvas = document.createElement("canvas");
+  canvas.width = Math.max(1, Math.round(bitmap.width * scale));
+  canvas.height = Math.max(1, Math.round(bitmap.height * scale));
+  canvas.getContext("2d").drawImage(bitmap, 0, 0, canvas.width, canvas.height);
+  bitmap.close();
+  return { url: canvas.toDataURL("image/jpeg", 0.9), downscaled: `${canvas.width}×${canvas.height}` };
+}
 
 /**
  * Wire the composer's elements. onSend({text, images}) returns true when the message was taken
@@ -48,16 +96,12 @@ export function createComposer({
 
   async function addFiles(files) {
     for (const file of files) {
-      if (!file.type.startsWith("image/")) {
-        onNotice(`${file.name} is not an image, so it was not attached.`);
-      } else if (file.size > MAX_IMAGE_BYTES) {
-        onNotice(`${file.name} is larger than ${MAX_IMAGE_BYTES >> 20} MiB, so it was not attached.`);
-      } else {
-        try {
-          images.push(await readAsDataUrl(file));
-        } catch (error) {
-          onNotice(`${file.name} could not be read: ${error.message}`);
-        }
+      try {
+        const { url, downscaled } = await prepareImage(file);
+        images.push(url);
+        if (downscaled) onNotice(`${file.name} is large, so it was downscaled to ${downscaled} before sending.`);
+      } catch (error) {
+        onNotice(`${file.name} ${error.message}, so it was not attached.`);
       }
     }
     showAttachments();
@@ -112,6 +156,7 @@ export function createComposer({
     resize();
   });
   showAttachments();
+  return { addFiles, submit: () => form.requestSubmit() };
 }
 
 function readAsDataUrl(file) {

@@ -28,6 +28,29 @@ export function bindSettingsForm(form, settings, onChange) {
   });
 }
 
+/** Change one setting as the form would: the field shows it and it is saved. */
+export function changeSetting(form, settings, name, value) {
+  settings[name] = value;
+  if (form.elements[name]) form.elements[name].value = value;
+  localStorage.setItem(SETTINGS_KEY, JSON.stringify(settings));
+}
+
+/** How answers are sampled, in words: greedy (temperature 0) or at which temperature. */
+export function samplingSummary(settings) {
+  const temperature = settings.temperature.trim();
+  const length = settings.max_tokens.trim() ? `at most ${settings.max_tokens.trim()} tokens` : "no token limit";
+  if (temperature === "") return `Sampling at the model's default temperature: answers vary · ${length}`;
+  if (Number(temperature) === 0) return `Greedy (temperature 0): the same question, the same answer · ${length}`;
+  return `Sampling at temperature ${temperature}: answers vary · ${length}`;
+}
+
+/** The stat an answer keeps of how it was sampled. */
+export function samplingLabel(settings) {
+  const temperature = settings.temperature.trim();
+  if (temperature === "") return "sampled (model default temperature)";
+  return Number(temperature) === 0 ? "greedy" : `temperature ${temperature}`;
+}
+
 /** Fill the model picker with the served models, keeping the saved choice if it is served. */
 export function showModels(select, ids, settings) {
   select.replaceChildren(...ids.map((id) => new Option(id, id)));

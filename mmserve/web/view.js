@@ -65,16 +65,61 @@ export function editTitle(item, title) {
   });
 }
 
+// The empty page's samples: pictures shipped with the page and questions the demo model
+// (assets/demo-model) answers correctly (assets/samples/README.md).
+export const SAMPLES = [
+  {
+    file: "shapes.png",
+    alt: "A red circle, a green triangle and a blue square",
+    questions: ["What colour is the circle?", "How many shapes are there?"],
+  },
+  {
+    file: "four.png",
+    alt: "A purple triangle, a black star, a red square and a green circle",
+    questions: ["Where is the green circle?", "Describe the image."],
+  },
+];
+
+function emptyState() {
+  const samples = SAMPLES.map((sample) =>
+    element(
+      "figure",
+      { className: "sample" },
+      element("img", { src: `static/samples/${sample.file}`, alt: sample.alt }),
+      element(
+        "figcaption",
+        {},
+        ...sample.questions.map((question) =>
+          element(
+            "button",
+            {
+              type: "button",
+              className: "ghost question",
+              "data-sample": sample.file,
+              "data-question": question,
+            },
+            question,
+          ),
+        ),
+      ),
+    ),
+  );
+  return element(
+    "div",
+    { className: "empty" },
+    element(
+      "p",
+      {},
+      "Attach an image (with the paper clip, by dragging it here, or by pasting it) and ask about it, or try a sample:",
+    ),
+    element("div", { className: "samples" }, ...samples),
+  );
+}
+
 /** The whole thread. `streaming` is the message being generated, if any. */
 export function renderThread(thread, messages, streaming) {
   if (!messages.length) {
-    thread.replaceChildren(
-      element(
-        "p",
-        { className: "empty" },
-        "Attach an image (with the paper clip, by dragging it here, or by pasting it) and ask about it.",
-      ),
-    );
+    thread.replaceChildren(emptyState());
     return;
   }
   const last = messages.length - 1;
@@ -155,13 +200,14 @@ export function updateStreamingAnswer(thread, message) {
   thread.lastElementChild.querySelector(".markdown").innerHTML = renderMarkdown(message.text);
 }
 
-function stats({ ttft_s, tokens_per_s, usage }) {
+function stats({ ttft_s, tokens_per_s, usage, sampling }) {
   const items = [];
   const stat = (name, text, title) =>
     items.push(element("span", { className: "stat", "data-stat": name, title }, text));
+  if (sampling) stat("sampling", sampling, "how this answer was sampled (change it below the message box)");
   if (ttft_s != null) stat("ttft", `TTFT ${formatSeconds(ttft_s)}`, "time to first token");
   if (tokens_per_s != null)
-    stat("speed", `${tokens_per_s.toFixed(1)} tok/s`, "decode speed after the first token");
+    stat("speed", `${tokens_per_s.toFixed(1)} tok/s`, "decode speed after the first token, as the server timed it");
   if (usage) {
     const cached = usage.prompt_tokens_details?.cached_tokens ?? 0;
     const share = usage.prompt_tokens ? cached / usage.prompt_tokens : 0;

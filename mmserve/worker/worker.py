@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from pathlib import Path
 
 import torch
@@ -63,6 +64,7 @@ class Worker:
         self.max_blocks_useful = scheduler_config.max_num_seqs * -(
             -model_config.max_model_len // cache_config.block_size
         )
+        start = time.perf_counter()
         self.runner = ModelRunner(
             model_config,
             cache_config,
@@ -71,6 +73,7 @@ class Worker:
             execution_config,
             encoder_data_parallel=parallel_config.mm_encoder_tp_mode == "data",
         )
+        logger.info("loaded the weights in %.1f s", time.perf_counter() - start)
 
     def determine_num_blocks(self) -> int:
         """Blocks that fit the configured KV memory, the explicit block count, or (auto) this
@@ -91,7 +94,14 @@ class Worker:
         return int(num)
 
     def initialize_kv_cache(self, num_blocks: int) -> None:
+        start = time.perf_counter()
         self.runner.initialize_kv_cache(num_blocks)
+        logger.info(
+            "allocated the KV cache: %d blocks, %.2f GiB, in %.1f s",
+            num_blocks,
+            num_blocks * self.runner.kv_cache_bytes_per_block() / (1 << 30),
+            time.perf_counter() - start,
+        )
 
     def shard_info(self) -> dict:
         """What this rank holds and has sent: its KV heads and cache bytes, its parameter bytes,

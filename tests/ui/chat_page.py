@@ -82,6 +82,38 @@ class ChatPage:
             ms_per_event,
         )
 
+    def deliver_streams_in_bursts(self, events_per_burst: int, ms_between: int) -> None:
+        """Hold the page's streamed events back and hand them over `events_per_burst` at a time
+        (one read each), `ms_between` apart: as a proxy or a slow link delivers a stream."""
+        self.page.evaluate(
+            """([size, delay]) => {
+                const fetchNow = window.fetch;
+                window.fetch = async (...args) => {
+                    const response = await fetchNow(...args);
+                    if (!response.headers.get("content-type")?.startsWith("text/event-stream"))
+                        return response;
+                    let pending = "";
+                    let held = [];
+                    const bursts = new TransformStream({
+                        async transform(text, controller) {
+                            const events = (pending + text).split("\\n\\n");
+                            pending = events.pop();
+                            held.push(...events.map((event) => event + "\\n\\n"));
+                            while (held.length >= size) {
+                                await new Promise((resolve) => setTimeout(resolve, delay));
+                                controller.enqueue(held.splice(0, size).join(""));
+                            }
+                        },
+                        flush(controller) { controller.enqueue(held.join("") + pending); },
+                    });
+                    const body = response.body.pipeThrough(new TextDecoderStream())
+                        .pipeThrough(bursts).pipeThrough(new TextEncoderStream());
+                    return new Response(body, { status: response.status, headers: response.headers });
+                };
+            }""",
+            [events_per_burst, ms_between],
+        )
+
     def stored_titles(self) -> list[str]:
         """The conversation titles in the page's IndexedDB, as a reload would find them."""
         return self.page.evaluate(

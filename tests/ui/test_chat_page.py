@@ -14,6 +14,7 @@ import httpx
 import pytest
 from chat_page import ChatPage
 from playwright.sync_api import expect
+from prometheus_client.parser import text_string_to_metric_families
 
 from mmserve.testing.checkpoints import checkpoint
 from mmserve.testing.server import ServerProcess
@@ -194,3 +195,46 @@ def test_layouts_wide_and_narrow(chat, image_paths, screenshot_dir):
     chat.page.keyboard.press("Escape")
     expect(sidebar).to_be_hidden()
     expect(chat.page.get_by_role("button", name="Show conversations")).to_be_focused()
+
+
+def server_decode_figures(server) -> tuple[float, float]:
+    """(generated tokens, decode seconds) the server has counted so far, from its /metrics."""
+    families = {f.name: f for f in text_string_to_metric_families(httpx.get(server.url + "/metrics").text)}
+
+    def total(family: str, sample: str) -> float:
+        return sum(s.value for s in families[family].samples if s.name == sample)
+
+    tokens = total("mmserve:generation_tokens", "mmserve:generation_tokens_total")
+    decode_s = total("mmserve:request_decode_time_seconds", "mmserve:request_decode_time_seconds_sum")
+    return tokens, decode_s
+
+
+def test_speed_is_the_servers_figure_when_tokens_arrive_in_bursts(chat, server, image_paths):
+    """Five events per network read: the page's own clock would see most tokens arrive at once."""
+    chat.set_settings(max_tokens=24)
+    tokens_before, decode_before = server_decode_figures(server)
+    chat.attach(image_paths[0])
+    chat.deliver_streams_in_bursts(events_per_burst=5, ms_between=40)
+    chat.send("What is in this picture?")
+    answer = chat.wait_for_answer(0)
+    tokens_after, decode_after = server_decode_figures(server)
+    server_speed = (tokens_after - tokens_before - 1) / (decode_after - decode_before)
+    shown = answer.locator("[data-stat=speed]").inner_text()
+    page_speed = float(re.fullmatch(r"(\d+\.\d) tok/s", shown).group(1))
+    assert abs(page_speed - server_speed) <= 0.2 * server_speed, (page_speed, server_speed)
+
+
+def test_greedy_is_one_click_and_gives_the_apis_greedy_answer(page, server, image_paths):
+    chat = ChatPage(page, server.url + "/").open()
+    chat.set_settings(temperature="", max_tokens=MAX_TOKENS)
+    summary = page.locator("#sampling-summary")
+    expect(summary).to_contain_text("default temperature: answers vary")
+    page.get_by_role("checkbox", name="Greedy").check()
+    expect(summary).to_contain_text("Greedy (temperature 0)")
+    expected = api_answer(server, [user_turn("What is in this picture?", image_paths[1])])
+
+    chat.attach(image_paths[1])
+    chat.send("What is in this picture?")
+    answer = chat.wait_for_answer(0)
+    assert answer.locator(".markdown").inner_html() == chat.render_markdown(expected)
+    expect(answer.locator("[data-stat=sampling]")).to_have_text("greedy")

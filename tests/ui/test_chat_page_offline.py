@@ -26,6 +26,7 @@ class FakeApi:
         self.error = ""
         self.error_mid_stream = False  # stream `deltas`, then an error frame
         self.models_status = 200
+        self.timing = {"time_to_first_token_s": 0.05, "decode_time_s": 0.25}  # the server's
 
     def models(self, route: Route) -> None:
         if self.models_status != 200:
@@ -45,7 +46,8 @@ class FakeApi:
             frames.append(self.error_body(self.error))
         else:
             usage = {"prompt_tokens": 40, "completion_tokens": len(self.deltas), "total_tokens": 40}
-            frames.append({"choices": [], "usage": {**usage, "prompt_tokens_details": {"cached_tokens": 30}}})
+            usage |= {"prompt_tokens_details": {"cached_tokens": 30}}
+            frames.append({"choices": [], "usage": usage, "timing": self.timing})
         body = "".join(f"data: {json.dumps(f)}\n\n" for f in frames) + "data: [DONE]\n\n"
         route.fulfill(body=body, content_type="text/event-stream")
 
@@ -250,3 +252,58 @@ def test_theme_toggle_overrides_the_system_preference_and_persists(chat):
     chat.page.reload()
     expect(chat.page.get_by_role("button", name="Switch to light theme")).to_be_visible()
     assert chat.page.evaluate(background) == dark
+
+
+def test_speed_is_the_servers_token_timing_even_when_the_answer_arrives_at_once(chat, api):
+    """The whole stream arrives in one read: 4 tokens, 3 after the first, 0.25 s apart on the
+    server, are 12 tok/s, not the thousands the page's own clock would say."""
+    api.deltas = ["one", " two", " three", " four"]
+    chat.send("count")
+    expect(chat.wait_for_answer(0).locator("[data-stat=speed]")).to_have_text("12.0 tok/s")
+
+
+def test_a_file_that_is_not_an_image_is_refused_before_sending(chat, api, tmp_path):
+    fake = tmp_path / "notes.png"
+    fake.write_text("these are notes, not a picture")
+    chat.page.locator("#file-input").set_input_files(fake)
+    expect(chat.notice).to_contain_text("notes.png is not an image")
+    expect(chat.page.locator("#attachments img")).to_have_count(0)
+    chat.send("anything")
+    chat.wait_for_answer(0)
+    assert api.last_messages() == [{"role": "user", "content": [{"type": "text", "text": "anything"}]}]
+
+
+def test_an_invalid_api_key_points_to_settings_and_the_notice_goes_once_a_key_works(page, api):
+    api.models_status = 401
+    chat = ChatPage(page, OFFLINE_URL).open()
+    expect(chat.notice).to_contain_text("enter it in Settings")
+    api.models_status = 200
+    chat.set_settings(api_key="sk-right")
+    expect(chat.notice).to_be_hidden()
+
+
+def test_the_empty_page_offers_sample_pictures_and_questions_that_send_in_one_click(chat, api):
+    samples = chat.thread.locator(".sample img")
+    expect(samples).to_have_count(2)
+    expect(samples.first).to_have_js_property("complete", True)
+    assert samples.first.evaluate("img => img.naturalWidth") == 640
+    chat.page.get_by_role("button", name="What colour is the circle?").click()
+    chat.wait_for_answer(0)
+    [message] = api.last_messages()
+    assert message["content"][0]["image_url"]["url"].startswith("data:image/png;base64,")
+    assert message["content"][1] == {"type": "text", "text": "What colour is the circle?"}
+
+
+def test_sampling_is_shown_and_greedy_is_one_click(chat, api):
+    summary = chat.page.locator("#sampling-summary")
+    expect(summary).to_contain_text("Sampling at the model's default temperature")
+    chat.page.get_by_role("checkbox", name="Greedy").check()
+    expect(summary).to_contain_text("Greedy (temperature 0)")
+    chat.send("q")
+    answer = chat.wait_for_answer(0)
+    assert api.requests[-1]["body"]["temperature"] == 0
+    expect(answer.locator("[data-stat=sampling]")).to_have_text("greedy")
+    chat.page.get_by_role("checkbox", name="Greedy").uncheck()
+    chat.send("q2")
+    chat.wait_for_answer(1)
+    assert "temperature" not in api.requests[-1]["body"]

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
@@ -36,6 +37,7 @@ from mmserve.entrypoints.openai.middleware import ApiKeyAuth, BodySizeLimit, Hos
 from mmserve.entrypoints.openai.parsing import describe_validation
 from mmserve.entrypoints.openai.routes import WEB_DIR, router
 from mmserve.entrypoints.openai.state import AppState
+from mmserve.entrypoints.startup import startup_report
 from mmserve.frontend.async_llm import AsyncLLM
 from mmserve.frontend.factory import build_frontend
 from mmserve.frontend.media import MediaLoader
@@ -61,14 +63,16 @@ async def serving(
     asyncio.get_running_loop().set_default_executor(
         ThreadPoolExecutor(max_workers=_WORKER_THREADS, thread_name_prefix="mmserve-request")
     )
+    start = time.perf_counter()
     media = MediaLoader(server_config.allowed_local_media_path, list(server_config.allowed_media_domains))
     frontend = build_frontend(
         engine_config,
         media,
         open_ended=True,
         special_tokens_in_content=server_config.allow_special_tokens_in_content,
+        chat_template=server_config.chat_template,
     )
-    metrics = ServerMetrics(server_config.served_model_name)
+    metrics = ServerMetrics(server_config.served_model_name, engine_config.model.max_model_len)
 
     def on_outputs(_snapshots, stats) -> None:
         if stats is not None:
@@ -89,19 +93,21 @@ async def serving(
         files.close()
         await engine.shutdown()
         raise
-    logger.info(
-        "serving %s as %r; EngineCore pid %d with %d KV blocks; image segments %s*",
-        engine_config.model.path,
-        server_config.served_model_name,
-        engine.client.process.pid,
-        engine.client.num_blocks,
-        frontend.pool.segment_prefix,
+    report = startup_report(
+        engine_config,
+        server_config,
+        engine.client.ready,
+        engine_pid=engine.client.process.pid,
+        num_preprocess_workers=len(frontend.pool.worker_pids()),
+        segment_prefix=frontend.pool.segment_prefix,
+        start_time_s=time.perf_counter() - start,
     )
     drain.attach(engine)
     # Busy while a request is served, not only while the engine runs it: a large answer is
     # built after its engine request finished, and a full collection would walk all of it.
     collector = Collector(busy=lambda: in_flight.count > 0 or engine.num_unfinished > 0)
     collector.start()
+    logger.info(report)
     try:
         yield AppState(engine, frontend, metrics, server_config, drain, files.store)
     finally:

@@ -58,13 +58,11 @@ def client_error(e: Exception) -> OpenAIError:
 def check_request(state: AppState, model: str | None, priority: int) -> None:
     """The request names this server's model (or none), and sets a priority only where the
     engine schedules by priority: under fcfs it would be silently ignored."""
-    if model is not None and model != state.served_model_name:
-        raise OpenAIError(
-            404,
-            f"the model {_short(model)} does not exist; this server serves {state.served_model_name!r}",
-            "model",
-            "model_not_found",
-        )
+    names = state.server.served_model_names
+    if model is not None and model not in names:
+        served = " or ".join(repr(name) for name in names)
+        message = f"the model {_short(model)} does not exist; this server serves {served}"
+        raise OpenAIError(404, message, "model", "model_not_found")
     if priority != 0 and state.engine.config.scheduler.scheduling_policy != "priority":
         raise bad_request(
             f"priority {priority} needs the priority scheduling policy (--scheduling-policy priority); "
@@ -164,6 +162,7 @@ class Generation:
         self.num_returned = params.n  # choices per prompt in the answer (fewer than n under best_of)
         self.keep_logprobs = params.logprobs is not None  # False when only best_of asked for them
         self.num_cached_tokens: dict[int, int] = {}  # prompt index → its prefix-cache hit
+        self.times: dict[int, dict[str, float]] = {}  # prompt index → its RequestOutput.metrics
 
     def streams(self) -> list[AsyncIterator[RequestOutput]]:
         return [
@@ -172,6 +171,14 @@ class Generation:
             )
             for index, prompt in enumerate(self.prompts)
         ]
+
+    def timing(self) -> dict[str, float]:
+        """The first prompt's token timing as the server measured it (seconds): time to its first
+        token and from its first token to its last, so a client can state the decode speed
+        without trusting when the network delivered the tokens. Empty until it has finished."""
+        times = self.times.get(0, {})
+        names = ("time_to_first_token_s", "decode_time_s")
+        return {name: times[name] for name in names if name in times}
 
     def usage(self) -> dict:
         """Usage so far (the final usage once every prompt has finished)."""
@@ -227,7 +234,9 @@ class Generation:
     def _observe(self, index: int, delta: RequestOutput) -> None:
         self.num_completion_tokens += sum(len(completion.token_ids) for completion in delta.outputs)
         self.num_cached_tokens[index] = delta.num_cached_tokens
-        self.state.metrics.observe_request(delta, self.start)
+        if delta.finished:
+            self.times[index] = delta.metrics
+        self.state.metrics.observe_request(delta, self.start, self.params.max_tokens)
 
     def forget(self) -> None:
         """Give back reserved places never taken and drop per-request metric state of prompts

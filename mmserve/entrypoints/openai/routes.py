@@ -4,6 +4,7 @@ the JSON routes parse their own bodies (`parse_body`) and publish the schema (`j
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable, Callable
+from importlib.metadata import version as installed_version
 from pathlib import Path
 from typing import Annotated
 
@@ -46,23 +47,30 @@ async def health(state: State) -> Response:
     return JSONResponse({})
 
 
+@router.get("/version", include_in_schema=False)
+async def version() -> dict:
+    """Public, as vLLM's (the API-key check covers /v1 and the tokenizer routes only)."""
+    return {"version": installed_version("mmserve")}
+
+
 @router.get("/v1/models")
 async def models(state: State) -> dict:
-    return {"object": "list", "data": [_model_card(state)]}
+    """One card per served name (vLLM's habit), each a name of the same model."""
+    return {"object": "list", "data": [_model_card(state, name) for name in state.server.served_model_names]}
 
 
 @router.get("/v1/models/{model_id:path}")
 async def model(model_id: str, state: State) -> dict:
-    if model_id != state.served_model_name:
+    if model_id not in state.server.served_model_names:
         shown = model_id if len(model_id) <= 64 else model_id[:61] + "..."
         raise OpenAIError(404, f"the model {shown!r} does not exist", "model", "model_not_found")
-    return _model_card(state)
+    return _model_card(state, model_id)
 
 
-def _model_card(state: AppState) -> dict:
+def _model_card(state: AppState, name: str) -> dict:
     model_config = state.engine.config.model
     return {
-        "id": state.served_model_name,
+        "id": name,
         "object": "model",
         "created": state.created,
         "owned_by": "mmserve",
@@ -74,7 +82,7 @@ def _model_card(state: AppState) -> dict:
 @router.get("/metrics")
 async def metrics(state: State) -> Response:
     stats = state.frontend.pool.stats()
-    state.metrics.update_preprocess(stats.cache_queries, stats.cache_hits)
+    state.metrics.update_preprocess(stats.cache_queries, stats.cache_hits, stats.pending)
     return Response(state.metrics.render(), media_type="text/plain; version=0.0.4")
 
 
@@ -139,3 +147,9 @@ async def detokenize(raw: Request, state: State) -> dict:
 @router.get("/", include_in_schema=False)
 async def chat_page() -> FileResponse:
     return FileResponse(WEB_DIR / "index.html")
+
+
+@router.get("/dashboard", include_in_schema=False)
+async def dashboard_page() -> FileResponse:
+    """Charts of /metrics over the last minutes, drawn in the browser (no state here)."""
+    return FileResponse(WEB_DIR / "dashboard.html")

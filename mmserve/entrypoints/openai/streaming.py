@@ -106,7 +106,8 @@ async def stream_response(
                         chunk["usage"] = generation.usage()
                     yield sse(chunk)
         if include_usage:
-            yield sse({**base, "choices": [], "usage": generation.usage()})
+            # `timing` (mmserve's, beside OpenAI's fields): the server's own token timing
+            yield sse({**base, "choices": [], "usage": generation.usage(), "timing": generation.timing()})
     except Exception as e:
         yield sse(client_error(e).body())
     yield sse("[DONE]")

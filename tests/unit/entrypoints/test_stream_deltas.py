@@ -109,7 +109,7 @@ class FakeGeneration(Generation):
         )
         self.state, self.params, self.prompts = state, params, [SimpleNamespace(token_ids=[1, 2])]
         self.id_base, self.created, self.start = "test", 0, 0.0
-        self.num_completion_tokens, self.num_cached_tokens = 0, {}
+        self.num_completion_tokens, self.num_cached_tokens, self.times = 0, {}, {}
         self._deltas = deltas
 
     async def merged_stream(self):
