@@ -393,7 +393,7 @@ def _add_parallel_arguments(group: argparse._ArgumentGroup) -> None:
         "--tensor-parallel-size",
         type=int,
         default=field_default(EngineArgs, "tensor_parallel_size"),
-        help="Ranks the model is split over, one worker process (or Ray actor) each.",
+        help="Ranks the model is split over, one worker process (or Ray actor) each (default %(default)s).",
     )
     _engine_flag(
         group,
