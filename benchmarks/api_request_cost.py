@@ -26,7 +26,7 @@ import numpy as np
 
 from mmserve.bench.dataset import load_conversations
 from mmserve.bench.workload import sample_single_turn
-from mmserve.config import EngineArgs
+from mmserve.engine_args import EngineArgs
 from mmserve.entrypoints.openai.chat_messages import prepare_messages
 from mmserve.entrypoints.openai.generation import sse
 from mmserve.entrypoints.openai.schemas import ChatCompletionRequest

@@ -3,7 +3,7 @@ read from its Hugging Face folder (config.json and the side files of `model_fold
 dtype it runs in.
 
 Split from `mmserve.config` (which re-exports `ModelConfig` and `VisionConfig`) so that module
-holds the engine's slices and `EngineArgs` only.
+holds the engine's slices only.
 """
 
 from __future__ import annotations

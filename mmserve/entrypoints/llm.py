@@ -13,8 +13,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from mmserve.config import EngineArgs
 from mmserve.engine import build_engine_core
+from mmserve.engine_args import EngineArgs
 from mmserve.frontend.core_client import InprocCoreClient
 from mmserve.frontend.engine_mirror import PixelSources
 from mmserve.frontend.factory import build_frontend

@@ -21,10 +21,10 @@ from mmserve.config import (
     PROCESSOR_KWARGS,
     SCHEDULING_POLICIES,
     CompilationConfig,
-    EngineArgs,
     ServerConfig,
     field_default,
 )
+from mmserve.engine_args import EngineArgs
 from mmserve.entrypoints.vllm_flags import add_vllm_flags, load_chat_template
 
 _UNITS = {"": 1, "b": 1, "k": 1e3, "kb": 1e3, "kib": 1024, "m": 1e6, "mb": 1e6, "mib": 1 << 20}

@@ -14,7 +14,7 @@ import base64
 import os
 import random
 
-from mmserve.config import EngineArgs
+from mmserve.engine_args import EngineArgs
 from mmserve.frontend.async_llm import AsyncLLM
 from mmserve.frontend.factory import build_frontend
 from mmserve.frontend.media import MediaLoader

@@ -7,21 +7,22 @@ from pathlib import Path
 import pytest
 import torch
 
-import mmserve.config as config_module
-from mmserve.config import EngineArgs, cpu_computes_natively
+import mmserve.engine_args as engine_args_module
+from mmserve.config import cpu_computes_natively
+from mmserve.engine_args import EngineArgs
 
 DEMO = Path(__file__).resolve().parents[2] / "assets" / "demo-model"  # a bfloat16 checkpoint
 
 
 @pytest.mark.parametrize("native", [True, False])
 def test_auto_keeps_bf16_only_where_the_cpu_computes_it(monkeypatch, native):
-    monkeypatch.setattr(config_module, "cpu_computes_natively", lambda dtype: native)
+    monkeypatch.setattr(engine_args_module, "cpu_computes_natively", lambda dtype: native)
     config = EngineArgs(model=DEMO, device="cpu").create_engine_config()
     assert config.model.dtype == (torch.bfloat16 if native else torch.float32)
 
 
 def test_an_explicit_dtype_is_kept(monkeypatch):
-    monkeypatch.setattr(config_module, "cpu_computes_natively", lambda dtype: False)
+    monkeypatch.setattr(engine_args_module, "cpu_computes_natively", lambda dtype: False)
     config = EngineArgs(model=DEMO, device="cpu", dtype="bfloat16").create_engine_config()
     assert config.model.dtype == torch.bfloat16
 

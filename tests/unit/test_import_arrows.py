@@ -15,6 +15,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 LEAVES = {
     "mmserve.config",
+    "mmserve.engine_args",  # builds EngineConfig from the user's flat arguments
     "mmserve.model_config",
     "mmserve.model_folder",
     "mmserve.envs",

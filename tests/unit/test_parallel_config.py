@@ -7,7 +7,8 @@ import argparse
 
 import pytest
 
-from mmserve.config import EngineArgs, ParallelConfig
+from mmserve.config import ParallelConfig
+from mmserve.engine_args import EngineArgs
 from mmserve.entrypoints.serve_args import add_serve_arguments, engine_args_from_cli
 from mmserve.testing.checkpoints import checkpoint
 

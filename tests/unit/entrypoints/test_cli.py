@@ -9,7 +9,8 @@ import sys
 
 import pytest
 
-from mmserve.config import EngineArgs, ServerConfig
+from mmserve.config import ServerConfig
+from mmserve.engine_args import EngineArgs
 from mmserve.entrypoints import cli, serve_args
 from mmserve.entrypoints.llm import LLM
 from mmserve.testing.checkpoints import checkpoint

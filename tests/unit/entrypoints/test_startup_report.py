@@ -6,7 +6,8 @@ import re
 
 import pytest
 
-from mmserve.config import EngineArgs, ServerConfig
+from mmserve.config import ServerConfig
+from mmserve.engine_args import EngineArgs
 from mmserve.entrypoints.startup import base_url, startup_report
 from mmserve.protocol import EngineReady
 from mmserve.testing.checkpoints import checkpoint

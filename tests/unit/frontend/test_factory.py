@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from mmserve.config import EngineArgs
+from mmserve.engine_args import EngineArgs
 from mmserve.frontend.factory import build_frontend, default_sampling_params
 from mmserve.frontend.media import MediaLoader
 from mmserve.sampling_params import SamplingParams

@@ -8,7 +8,8 @@ import re
 import numpy as np
 import pytest
 
-from mmserve.config import EngineArgs, MultiModalConfig
+from mmserve.config import MultiModalConfig
+from mmserve.engine_args import EngineArgs
 from mmserve.frontend.factory import build_frontend
 from mmserve.frontend.input_processor import PromptError
 from mmserve.frontend.media import MediaLoader
