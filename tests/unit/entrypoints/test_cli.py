@@ -11,7 +11,7 @@ import pytest
 
 from mmserve.config import ServerConfig
 from mmserve.engine_args import EngineArgs
-from mmserve.entrypoints import cli, serve_args
+from mmserve.entrypoints import cli, flag_parsers, serve_args
 from mmserve.entrypoints.llm import LLM
 from mmserve.testing.checkpoints import checkpoint
 
@@ -127,5 +127,5 @@ def test_bench_serve_help_lists_the_benchmark_flags():
 
 @pytest.mark.parametrize("text,expected", [("2GiB", 2 << 30), ("64MiB", 64 << 20), ("1000", 1000)])
 def test_sizes_in_help_read_back_as_the_same_bytes(text, expected):
-    assert serve_args.parse_bytes(text) == expected
-    assert serve_args.parse_bytes(serve_args.format_bytes(expected)) == expected
+    assert flag_parsers.parse_bytes(text) == expected
+    assert flag_parsers.parse_bytes(flag_parsers.format_bytes(expected)) == expected
