@@ -31,8 +31,8 @@ from mmserve.entrypoints.openai.chat_messages import prepare_messages
 from mmserve.entrypoints.openai.generation import sse
 from mmserve.entrypoints.openai.schemas import ChatCompletionRequest
 from mmserve.entrypoints.openai.streaming import ChatChoiceStream
+from mmserve.frontend.chat_parsing import parse_messages
 from mmserve.frontend.factory import build_frontend
-from mmserve.frontend.input_processor import parse_messages
 from mmserve.frontend.media import MediaLoader
 from mmserve.frontend.params import prepare_params
 from mmserve.frontend.placeholders import expand_placeholders

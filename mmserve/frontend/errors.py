@@ -7,9 +7,9 @@ come from: only the frontend imports `preprocess`.
 from __future__ import annotations
 
 from mmserve.frontend.async_llm import ServerShuttingDown
+from mmserve.frontend.chat_parsing import PromptError
 from mmserve.frontend.core_client import EngineDeadError
 from mmserve.frontend.file_store import FileNotFound
-from mmserve.frontend.input_processor import PromptError
 from mmserve.frontend.media import MediaError
 from mmserve.frontend.tokenizer import TemplateError
 from preprocess import ImageError, PreprocessError

@@ -16,8 +16,8 @@ import pytest
 
 from mmserve import __version__
 from mmserve.entrypoints import cli, serve_args, vllm_flags
+from mmserve.frontend.chat_parsing import PromptError
 from mmserve.frontend.factory import build_frontend
-from mmserve.frontend.input_processor import PromptError
 from mmserve.frontend.media import MediaLoader
 from mmserve.testing.checkpoints import checkpoint
 from mmserve.testing.reference import png_bytes, synthetic_image

@@ -10,8 +10,8 @@ import pytest
 
 from mmserve.config import MultiModalConfig
 from mmserve.engine_args import EngineArgs
+from mmserve.frontend.chat_parsing import PromptError
 from mmserve.frontend.factory import build_frontend
-from mmserve.frontend.input_processor import PromptError
 from mmserve.frontend.media import MediaLoader
 from mmserve.protocol import EngineRequest, MultiModalFeature, decode_add, encode_add
 from mmserve.sampling_params import SamplingParams
