@@ -16,10 +16,11 @@ from safetensors.torch import save_file
 
 from mmserve.testing import checkpoints
 from mmserve.testing import tokenizer as tok
+from mmserve.testing.checkpoint_presets import Preset
 
 FAMILY = "qwen2_vl"
 INIT_STD = 0.05  # 0.02 trains a model that ignores the picture and answers from priors
-PRESET = checkpoints.Preset(
+PRESET = Preset(
     hidden_size=256,
     intermediate_size=1024,
     num_layers=4,
@@ -39,14 +40,14 @@ REPO_DIR = Path(__file__).resolve().parents[3]
 DEMO_MODEL_DIR = REPO_DIR / "assets" / "demo-model"
 
 
-def config(preset: checkpoints.Preset = PRESET) -> dict:
+def config(preset: Preset = PRESET) -> dict:
     cfg = checkpoints.make_config(FAMILY, preset)
     cfg["initializer_range"] = INIT_STD
     cfg["torch_dtype"] = "bfloat16"
     return cfg
 
 
-def write_files(out_dir: Path, preset: checkpoints.Preset = PRESET) -> Path:
+def write_files(out_dir: Path, preset: Preset = PRESET) -> Path:
     """Everything but the weights: config, tokenizer, chat template, preprocessor, generation."""
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "config.json").write_text(json.dumps(config(preset), indent=2) + "\n")
@@ -61,7 +62,7 @@ def write_files(out_dir: Path, preset: checkpoints.Preset = PRESET) -> Path:
 
 
 def hub_state_dict(
-    model: torch.nn.Module, preset: checkpoints.Preset = PRESET, dtype: torch.dtype = torch.bfloat16
+    model: torch.nn.Module, preset: Preset = PRESET, dtype: torch.dtype = torch.bfloat16
 ) -> dict[str, torch.Tensor]:
     """transformers 5 names (`model.language_model.*`, `model.visual.*`) → the hub's names
     (`model.*`, `visual.*`), checked against `checkpoints.weight_shapes`."""
@@ -84,7 +85,7 @@ def hub_state_dict(
     return renamed
 
 
-def write_weights(model: torch.nn.Module, out_dir: Path, preset: checkpoints.Preset = PRESET) -> None:
+def write_weights(model: torch.nn.Module, out_dir: Path, preset: Preset = PRESET) -> None:
     save_file(hub_state_dict(model, preset), str(out_dir / "model.safetensors"), {"format": "pt"})
 
 
