@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 MODEL ?=
 SERVE_ARGS ?=
 
-.PHONY: setup serve test lint format soak chaos-soak clean
+.PHONY: setup serve test test-heavy lint format soak chaos-soak clean
 
 setup: $(STAMP)
 
@@ -24,8 +24,13 @@ $(STAMP): pyproject.toml
 serve: $(STAMP)
 	$(BIN)/mmserve serve $(MODEL) $(SERVE_ARGS)
 
+# The heavy tests (multi-process tensor parallel and Ray, torch.compile, the event-loop
+# watchdog, gpu_check's CPU run) take minutes each: `make test-heavy` runs them.
 test: $(STAMP)
-	$(BIN)/python -m pytest -q tests
+	$(BIN)/python -m pytest -q -m "not heavy" tests
+
+test-heavy: $(STAMP)
+	$(BIN)/python -m pytest -q -m heavy tests
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

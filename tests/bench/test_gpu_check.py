@@ -40,6 +40,7 @@ def test_a_failed_check_fails_the_run_and_is_in_the_report(gpu_check, monkeypatc
 
 
 @pytest.mark.slow
+@pytest.mark.heavy
 def test_the_correctness_checks_pass_on_the_cpu(gpu_check, tmp_path):
     pytest.importorskip("triton")
     out = tmp_path / "report.json"

@@ -10,7 +10,7 @@ from tp_cases import ENGINE, GREEDY, chats, single_rank_tokens
 from mmserve.entrypoints.llm import LLM
 from mmserve.testing.checkpoints import checkpoint
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.timeout(300), pytest.mark.heavy]
 
 NODE = {"num_cpus": 1, "object_store_memory": 80 * 1024 * 1024}
 

@@ -13,7 +13,7 @@ from mmserve.entrypoints.llm import LLM
 from mmserve.sampling_params import SamplingParams
 from mmserve.testing.checkpoints import checkpoint
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.timeout(300), pytest.mark.heavy]
 
 CASES = [("qwen2_vl", "weights"), ("qwen2_vl", "data"), ("qwen2_5_vl", "weights"), ("qwen2_5_vl", "data")]
 

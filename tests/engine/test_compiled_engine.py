@@ -13,7 +13,7 @@ from mmserve.testing.checkpoints import checkpoint
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.heavy]
 
 
 def tokens(llm: LLM) -> list[list[int]]:

@@ -28,6 +28,8 @@ from reliability_util import serve
 from mmserve.testing.hostile_images import jpeg_with_comments, png_with_empty_chunks
 from mmserve.testing.reference import png_bytes
 
+pytestmark = pytest.mark.heavy
+
 HEALTH_BOUND_S = 0.1
 PROBE_INTERVAL_S = 0.02
 CHAT = "/v1/chat/completions"
