@@ -98,14 +98,12 @@ def run_engine_core_process(
 
 
 def _ready(engine_core: EngineCore, load_time_s: float) -> protocol.EngineReady:
-    import torch
-
-    runner = engine_core.executor.runner  # the Worker (see mmserve.engine)
+    info = engine_core.executor.collective_rpc("startup_info")[0]  # rank 0's, wherever it runs
     return protocol.EngineReady(
         num_blocks=engine_core.scheduler.kv.pool.num_blocks,
-        device=str(runner.device),
-        num_threads=torch.get_num_threads(),
-        attention_backend=runner.attention_backend.name,
+        device=info["device"],
+        num_threads=info["num_threads"],
+        attention_backend=info["attention_backend"],
         load_time_s=load_time_s,
     )
 

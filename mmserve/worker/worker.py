@@ -93,6 +93,14 @@ class Worker:
             raise ValueError(f"a KV cache of {memory} bytes holds no block ({per_block} bytes each)")
         return int(num)
 
+    def startup_info(self) -> dict[str, str | int]:
+        """What the start-up block reports of this rank: device, torch threads, attention backend."""
+        return {
+            "device": str(self.device),
+            "num_threads": torch.get_num_threads(),
+            "attention_backend": self.runner.attention_backend.name,
+        }
+
     def initialize_kv_cache(self, num_blocks: int) -> None:
         start = time.perf_counter()
         self.runner.initialize_kv_cache(num_blocks)
