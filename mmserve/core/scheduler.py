@@ -33,15 +33,15 @@ from mmserve.core.request import Request, RequestStatus
 from mmserve.core.request_queue import create_request_queue
 from mmserve.core.sched_output import (
     CachedRequestData,
-    LogprobsLists,
     ModelRunnerOutput,
     NewRequestData,
     SchedulerOutput,
 )
+from mmserve.core.schedulable import check_schedulable
 from mmserve.core.span_plan import SpanPlan, plan_span
 from mmserve.core.step_recovery import StepRecovery
-from mmserve.core.stopping import check_stop, unsent_prompt_logprobs
-from mmserve.protocol import EngineCoreOutput, EngineCoreOutputs, Logprobs, SchedulerStats
+from mmserve.core.stopping import append_until_stop, engine_output, unsent_prompt_logprobs
+from mmserve.protocol import EngineCoreOutput, EngineCoreOutputs, SchedulerStats
 
 if TYPE_CHECKING:
     import numpy as np
@@ -99,32 +99,18 @@ class Scheduler:
 
     def add_request(self, request: Request) -> None:
         """Queue a request; raises ValueError if it could never be scheduled."""
-        self.check_schedulable(request)
+        check_schedulable(
+            request,
+            max_model_len=self.max_model_len,
+            encoder_item_limit=min(self.encoder_budget, self.encoder_cache_manager.cache_size),
+            block_size=self.block_size,
+            num_blocks=self.kv.pool.num_blocks,
+        )
         if self.grammar.is_structured(request):
             self.grammar.add(request)  # queued once its grammar has compiled
         else:
             self.waiting.push(request)
         self.requests[request.request_id] = request
-
-    def check_schedulable(self, request: Request) -> None:
-        if request.num_prompt_tokens == 0:
-            raise ValueError("the prompt is empty")
-        if request.num_prompt_tokens >= self.max_model_len:
-            raise ValueError(
-                f"the prompt has {request.num_prompt_tokens} tokens, but the model's context length is "
-                f"{self.max_model_len} (room is needed for at least one generated token)"
-            )
-        for f in request.mm_features:
-            limit = min(self.encoder_budget, self.encoder_cache_manager.cache_size)
-            if f.length > limit:
-                raise ValueError(
-                    f"an {f.modality} needs {f.length} tokens, more than the encoder budget/cache allows "
-                    f"per item ({limit}); raise them or send a smaller {f.modality}"
-                )
-        if -(-(request.num_prompt_tokens + 1) // self.block_size) > self.kv.pool.num_blocks:
-            raise ValueError(
-                f"the prompt needs more KV blocks than the cache holds ({self.kv.pool.num_blocks})"
-            )
 
     def abort_requests(self, request_ids: Iterable[str]) -> list[EngineCoreOutput]:
         outputs = []
@@ -337,42 +323,12 @@ class Scheduler:
             self._release_passed_images(request)
             prompt_logprobs = unsent_prompt_logprobs(request, runner_output.prompt_logprobs.get(request_id))
             if new_tokens or prompt_logprobs:  # no tokens mid-prefill
-                logprobs = runner_output.logprobs.get(request_id)
-                outputs.append(self._append_output_tokens(request, new_tokens, logprobs))
+                appended = append_until_stop(request, new_tokens, self.grammar, self.max_model_len)
+                if appended.finish is not None:
+                    self._finish(request, appended.finish)
+                outputs.append(engine_output(request, appended, runner_output.logprobs.get(request_id)))
                 outputs[-1].new_prompt_logprobs = prompt_logprobs
         return EngineCoreOutputs(outputs=outputs, stats=self.stats())
-
-    def _append_output_tokens(
-        self, request: Request, new_tokens: list[int], logprobs: LogprobsLists | None
-    ) -> EngineCoreOutput:
-        """Append tokens up to the first that stops the request (which finishes it)."""
-        accepted = []
-        error = None
-        for token in new_tokens:
-            request.append_output_token(token)
-            accepted.append(token)
-            if not self.grammar.accept(request, token):
-                error = f"token {token} does not continue the request's structured output grammar"
-                self._finish(request, RequestStatus.FINISHED_ERROR)
-                break
-            status = check_stop(request, token, self.max_model_len)
-            if status is None and self.grammar.is_terminated(request):
-                status = RequestStatus.FINISHED_STOPPED
-            if status is not None:
-                self._finish(request, status)
-                break
-        return EngineCoreOutput(
-            request.request_id,
-            accepted,
-            finish_reason=request.status.finish_reason,
-            error=error,
-            stop_reason=request.stop_reason,
-            new_logprobs=(
-                Logprobs(logprobs.token_ids, logprobs.logprobs, logprobs.sampled_ranks) if logprobs else None
-            ),
-            num_cached_tokens=max(request.num_cached_tokens, 0),
-            first_scheduled_time=request.first_scheduled_time,
-        )
 
     def take_error_outputs(self) -> list[EngineCoreOutput]:
         outputs, self._error_outputs = self._error_outputs, []
