@@ -3,7 +3,10 @@
 // Every file is checked before it is attached: its first bytes must be an image format the
 // server decodes (a name or a MIME type says nothing: a text file named .png is not a picture),
 // and it must decode here. Images are then sent as the bytes the user chose, except large ones,
-// which are downscaled here so that the request stays small.
+// which are downscaled here so that the request stays small. An image is attached once it is
+// uploaded (uploads.js): a server that refuses it says why before the question is sent.
+
+import { describe } from "./api.js";
 
 const MAX_IMAGE_BYTES = 8 << 20; // larger files are downscaled before sending
 const MAX_IMAGE_PIXELS = 4096 * 4096; // so are larger pictures
@@ -54,9 +57,11 @@ async function prepareImage(file) {
 }
 
 /**
- * Wire the composer's elements. onSend({text, images}) returns true when the message was taken
- * (the composer then clears) and false when it was not (nothing is lost). onNotice(text) shows
- * a problem with an attachment.
+ * Wire the composer's elements. Images are {url, name, fileId} (uploads.js). upload(image)
+ * uploads one, throwing an error whose message says why it was refused; onDiscard(image) is
+ * called for an uploaded image the user removes again. onSend({text, images}) returns true when
+ * the message was taken (the composer then clears) and false when it was not (nothing is lost).
+ * onNotice(text) shows a problem with an attachment.
  */
 export function createComposer({
   form,
@@ -65,6 +70,8 @@ export function createComposer({
   attachButton,
   list,
   dropZone,
+  upload,
+  onDiscard,
   onSend,
   onNotice,
 }) {
@@ -72,10 +79,10 @@ export function createComposer({
 
   function showAttachments() {
     list.replaceChildren(
-      ...images.map((url, index) => {
+      ...images.map((image, index) => {
         const item = document.createElement("li");
         const img = document.createElement("img");
-        img.src = url;
+        img.src = image.url;
         img.alt = `Attached image ${index + 1}`;
         const remove = document.createElement("button");
         remove.type = "button";
@@ -83,7 +90,7 @@ export function createComposer({
         remove.textContent = "×";
         remove.setAttribute("aria-label", `Remove image ${index + 1}`);
         remove.addEventListener("click", () => {
-          images.splice(index, 1);
+          onDiscard(...images.splice(index, 1));
           showAttachments();
           textarea.focus();
         });
@@ -96,15 +103,25 @@ export function createComposer({
 
   async function addFiles(files) {
     for (const file of files) {
+      let prepared;
       try {
-        const { url, downscaled } = await prepareImage(file);
-        images.push(url);
-        if (downscaled) onNotice(`${file.name} is large, so it was downscaled to ${downscaled} before sending.`);
+        prepared = await prepareImage(file);
       } catch (error) {
         onNotice(`${file.name} ${error.message}, so it was not attached.`);
+        continue;
       }
+      const image = { url: prepared.url, name: file.name, fileId: null };
+      try {
+        await upload(image);
+      } catch (error) {
+        onNotice(`${describe(error)}, so it was not attached.`);
+        continue;
+      }
+      images.push(image);
+      showAttachments();
+      if (prepared.downscaled)
+        onNotice(`${file.name} is large, so it was downscaled to ${prepared.downscaled} before sending.`);
     }
-    showAttachments();
   }
 
   function resize() {
