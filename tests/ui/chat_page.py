@@ -58,9 +58,10 @@ class ApiTraffic:
             body = request.post_data_buffer or b""
             self.sent.append(Sent(request.method, path[path.index("/v1/") :], body))
 
-    def uploads(self) -> list[bytes]:
-        """The bodies of the POST /v1/files the page sent (each an image upload)."""
-        return [s.body for s in self.sent if s.method == "POST" and s.path == "/v1/files"]
+    def uploads(self) -> int:
+        """How many POST /v1/files (image uploads) the page sent. (Their multipart bodies hold a
+        Blob, which Chromium does not report: read what arrived from the server instead.)"""
+        return sum(s.method == "POST" and s.path == "/v1/files" for s in self.sent)
 
     def chat_bodies(self) -> list[bytes]:
         return [s.body for s in self.sent if s.path == "/v1/chat/completions"]

@@ -7,6 +7,7 @@ greedy answers to the same conversation sent the old way, every image as a data 
 
 from __future__ import annotations
 
+import itertools
 import json
 
 import httpx
@@ -65,16 +66,14 @@ def test_three_turns_send_the_image_bytes_once(page, server, image_paths):
     shown = [ask(chat, turn, text, *paths) for turn, (text, paths) in enumerate(turns)]
 
     assert shown == [chat.render_markdown(answer) for answer in expected]
-    [upload] = traffic.uploads()
-    assert image_paths[0].read_bytes() in upload
+    assert traffic.uploads() == 1
     bodies = traffic.chat_bodies()
     assert len(bodies) == 3
     [file_id] = file_ids(json.loads(bodies[0])["messages"])
     for body in bodies:
         assert b"data:" not in body and file_ids(json.loads(body)["messages"]) == [file_id]
     assert all(len(body) < 2048 for body in bodies[1:]), [len(body) for body in bodies]
-    stored = httpx.get(f"{server.url}/v1/files/{file_id}").json()
-    assert stored["bytes"] == image_paths[0].stat().st_size
+    assert httpx.get(f"{server.url}/v1/files/{file_id}/content").content == image_paths[0].read_bytes()
     expect(chat.user_messages.first.locator("img")).to_have_js_property("naturalWidth", 224)
 
 
@@ -88,7 +87,7 @@ def test_a_server_without_a_files_api_gets_data_urls_and_is_asked_once(page, ser
     shown = [ask(chat, turn, text, *paths) for turn, (text, paths) in enumerate(turns)]
 
     assert shown == [chat.render_markdown(answer) for answer in expected]
-    assert len(traffic.uploads()) == 1  # the second image is not offered to the missing API
+    assert traffic.uploads() == 1  # the second image is not offered to the missing API
     [_, second] = traffic.chat_messages()
     first_turn, second_turn = (user_turn(text, *paths) for text, paths in turns)
     assert second == [first_turn, {"role": "assistant", "content": expected[0]}, second_turn]
@@ -105,21 +104,25 @@ def test_a_file_the_server_lost_is_uploaded_again_and_the_turn_retried(page, ser
 
     assert ask(chat, 1, turns[1][0]) == chat.render_markdown(expected[1])
 
-    assert len(traffic.uploads()) == 2 and image_paths[1].read_bytes() in traffic.uploads()[1]
+    assert traffic.uploads() == 2
     _, refused, retried = traffic.chat_messages()
     assert file_ids(refused) == [old_id]
     [new_id] = file_ids(retried)
     assert new_id != old_id
+    assert httpx.get(f"{server.url}/v1/files/{new_id}/content").content == image_paths[1].read_bytes()
     assert stored_file_ids(chat.wait_until_stored_messages(4)) == [new_id]
 
 
+@pytest.mark.slow  # three server starts
 def test_a_saved_conversation_survives_restarts_with_and_without_its_files(page, tmp_path, image_paths):
     """Same --files-dir: the saved id still works, nothing is uploaded again. A server restarted
     on an empty folder: the page uploads the image again from its saved copy and carries on."""
 
+    starts = itertools.count(1)
+
     def start(files_dir, port=None) -> ServerProcess:
         args = (*SERVER_ARGS, "--files-dir", str(files_dir))
-        log_path = tmp_path / f"{files_dir.name}.log"
+        log_path = tmp_path / f"server-{next(starts)}.log"
         proc = ServerProcess(checkpoint("qwen2_vl"), *args, log_path=log_path, port=port)
         proc.wait_healthy()
         return proc
@@ -129,7 +132,7 @@ def test_a_saved_conversation_survives_restarts_with_and_without_its_files(page,
     try:
         expected = api_answers(server, turns)
         chat, traffic = open_chat(page, server)
-        ask(chat, 0, turns[0][0], *turns[0][1])
+        assert ask(chat, 0, turns[0][0], *turns[0][1]) == chat.render_markdown(expected[0])
         [first_id] = stored_file_ids(chat.wait_until_stored_messages(2))
 
         server.stop()
@@ -137,7 +140,7 @@ def test_a_saved_conversation_survives_restarts_with_and_without_its_files(page,
         chat.page.reload()
         expect(chat.user_messages).to_have_count(1)
         assert ask(chat, 1, turns[1][0]) == chat.render_markdown(expected[1])
-        assert len(traffic.uploads()) == 1
+        assert traffic.uploads() == 1 and file_ids(traffic.chat_messages()[-1]) == [first_id]
         assert stored_file_ids(chat.wait_until_stored_messages(4)) == [first_id]
 
         server.stop()
@@ -146,8 +149,9 @@ def test_a_saved_conversation_survives_restarts_with_and_without_its_files(page,
         expect(chat.user_messages).to_have_count(2)
         expect(chat.user_messages.first.locator("img")).to_have_js_property("naturalWidth", 224)
         assert ask(chat, 2, turns[2][0]) == chat.render_markdown(expected[2])
-        assert len(traffic.uploads()) == 2
+        assert traffic.uploads() == 2
         [second_id] = stored_file_ids(chat.wait_until_stored_messages(6))
         assert second_id != first_id and file_ids(traffic.chat_messages()[-1]) == [second_id]
+        assert httpx.get(f"{server.url}/v1/files/{second_id}/content").content == image_paths[0].read_bytes()
     finally:
         server.stop()
