@@ -76,6 +76,7 @@ export function createComposer({
   onNotice,
 }) {
   let images = [];
+  let attaching = Promise.resolve(); // files still being checked and uploaded, in order
 
   function showAttachments() {
     list.replaceChildren(
@@ -101,7 +102,13 @@ export function createComposer({
     list.hidden = images.length === 0;
   }
 
-  async function addFiles(files) {
+  /** Attach `files`; resolves once each is attached or refused (with a notice). */
+  function addFiles(files) {
+    attaching = attaching.then(() => attachAll(files));
+    return attaching;
+  }
+
+  async function attachAll(files) {
     for (const file of files) {
       let prepared;
       try {
@@ -162,8 +169,9 @@ export function createComposer({
       form.requestSubmit();
     }
   });
-  form.addEventListener("submit", (event) => {
+  form.addEventListener("submit", async (event) => {
     event.preventDefault();
+    await attaching; // an image still uploading goes with this message, not the next one
     const text = textarea.value;
     if (!text.trim() && !images.length) return;
     if (!onSend({ text, images: [...images] })) return;

@@ -25,6 +25,7 @@ class FakeApi:
         self.files_status = 404  # POST /v1/files: 404 is a server without a Files API
         self.uploads: list[dict] = []  # {"headers", "body"} of each POST /v1/files
         self.deleted: list[str] = []  # file ids, in the order DELETE /v1/files/{id} came
+        self.held_uploads: list[Route] | None = None  # a list: uploads wait there to be answered
 
     def models(self, route: Route) -> None:
         if self.models_status != 200:
@@ -55,9 +56,20 @@ class FakeApi:
             self.deleted.append(request.url.rsplit("/", 1)[1])
             return route.fulfill(json={"id": self.deleted[-1], "object": "file", "deleted": True})
         self.uploads.append({"headers": request.headers, "body": request.post_data_buffer})
+        if self.held_uploads is not None:
+            return self.held_uploads.append(route)
+        self.answer_upload(route, len(self.uploads) - 1)
+
+    def answer_upload(self, route: Route, index: int) -> None:
         if self.files_status != 200:
             return route.fulfill(status=self.files_status, json=self.error_body(self.error))
-        route.fulfill(json={"id": self.file_id(len(self.uploads) - 1), "object": "file", "purpose": "vision"})
+        route.fulfill(json={"id": self.file_id(index), "object": "file", "purpose": "vision"})
+
+    def release_uploads(self) -> None:
+        """Answer the held uploads, and the next ones at once."""
+        held, self.held_uploads = self.held_uploads, None
+        for index, route in enumerate(held):
+            self.answer_upload(route, len(self.uploads) - len(held) + index)
 
     @staticmethod
     def file_id(index: int) -> str:

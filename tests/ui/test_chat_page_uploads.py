@@ -44,6 +44,21 @@ def test_an_image_is_uploaded_once_with_the_key_and_sent_by_id(chat, api, image_
     assert [image_parts(r["body"]["messages"]) for r in api.requests] == [[by_id], [by_id]]
 
 
+def test_a_message_sent_while_its_image_uploads_waits_for_it(chat, api, image_paths):
+    api.files_status, api.held_uploads = 200, []
+    with chat.page.expect_request(lambda request: request.url.endswith("/v1/files")):
+        chat.page.locator("#file-input").set_input_files(image_paths[0])
+    chat.send("about the picture")
+    # Not sent yet (sending clears the box at once), and nothing left out of it.
+    assert chat.prompt.input_value() == "about the picture" and api.requests == []
+
+    api.release_uploads()
+    chat.wait_for_answer(0)
+    by_id = {"type": "image_file", "image_file": {"file_id": api.file_id(0)}}
+    assert image_parts(api.last_messages()) == [by_id]
+    expect(chat.page.locator("#attachments img")).to_have_count(0)
+
+
 def test_without_a_files_api_images_go_as_data_urls_and_the_upload_is_tried_once(chat, api, image_paths):
     api.files_status = 405  # as a plain static file server answers a POST
     chat.attach(image_paths[0])
