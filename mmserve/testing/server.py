@@ -56,9 +56,15 @@ def is_alive(pid: int) -> bool:
 
 class ServerProcess:
     def __init__(
-        self, model: str | Path, *args: str, log_path: Path | None = None, env: dict[str, str] | None = None
+        self,
+        model: str | Path,
+        *args: str,
+        log_path: Path | None = None,
+        env: dict[str, str] | None = None,
+        port: int | None = None,
     ) -> None:
-        self.port = free_port()
+        """`port`: a given one (a restarted server at the same address, the same browser origin)."""
+        self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = log_path
         command = [

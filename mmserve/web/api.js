@@ -11,10 +11,17 @@ export class ApiError extends Error {
   }
 }
 
+function authorization(apiKey) {
+  return apiKey ? { Authorization: `Bearer ${apiKey}` } : {};
+}
+
 function headers(apiKey) {
-  const result = { "Content-Type": "application/json" };
-  if (apiKey) result.Authorization = `Bearer ${apiKey}`;
-  return result;
+  return { "Content-Type": "application/json", ...authorization(apiKey) };
+}
+
+/** An error in words, with the HTTP status when the server sent one. */
+export function describe(error) {
+  return error.status ? `${error.message} (HTTP ${error.status})` : error.message;
 }
 
 // fetch() only rejects when the server cannot be reached; say so in words a user can act on.
@@ -44,6 +51,34 @@ export async function listModels({ apiKey }) {
   const response = await send("v1/models", { headers: headers(apiKey) });
   if (!response.ok) throw await errorFrom(response);
   return (await response.json()).data.map((model) => model.id);
+}
+
+/** POST /v1/files (multipart, purpose "vision", OpenAI's Files API): the stored file's id. */
+export async function uploadFile(blob, name, { apiKey, signal }) {
+  const form = new FormData();
+  form.append("purpose", "vision");
+  form.append("file", blob, name);
+  // No Content-Type of our own: the browser writes the multipart boundary into it.
+  const response = await send("v1/files", { method: "POST", headers: authorization(apiKey), body: form, signal });
+  if (!response.ok) throw await errorFrom(response);
+  return (await response.json()).id;
+}
+
+/** Whether the server still has file `id` for this key (GET /v1/files/{id}: 404 when not). */
+export async function fileExists(id, { apiKey, signal }) {
+  const response = await send(`v1/files/${encodeURIComponent(id)}`, { headers: authorization(apiKey), signal });
+  if (response.status === 404) return false;
+  if (!response.ok) throw await errorFrom(response);
+  return true;
+}
+
+/** DELETE /v1/files/{id}. */
+export async function deleteFile(id, { apiKey }) {
+  const response = await send(`v1/files/${encodeURIComponent(id)}`, {
+    method: "DELETE",
+    headers: authorization(apiKey),
+  });
+  if (!response.ok && response.status !== 404) throw await errorFrom(response);
 }
 
 /**

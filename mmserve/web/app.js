@@ -1,8 +1,9 @@
 // The chat page: conversations, sending and stopping, and the wiring of the page's controls.
 //
 // A conversation is {id, title, updated_at, messages}; a message is {role: "user", text, images}
-// or {role: "assistant", text, stats?, error?, stopped?}. Memory is the source of truth;
-// IndexedDB (store.js) is written after each change, and a failed write only shows a notice.
+// (images: [{url, name, fileId}], uploads.js) or {role: "assistant", text, stats?, error?,
+// stopped?}. Memory is the source of truth; IndexedDB (store.js) is written after each change,
+// and a failed write only shows a notice.
 
 import { streamAnswer } from "./answer.js";
 import { listModels } from "./api.js";
@@ -16,6 +17,7 @@ import {
   showModels,
 } from "./settings.js";
 import * as store from "./store.js";
+import { forgetImages, uploadImage } from "./uploads.js";
 import {
   editMessage,
   editTitle,
@@ -122,6 +124,9 @@ async function remove(conversation) {
   conversation.deleted = true;
   if (state.streaming?.conversation === conversation) state.streaming.controller.abort();
   state.conversations = state.conversations.filter((c) => c !== conversation);
+  // Its uploaded images go too (a conversation never opened since the reload is read first).
+  const messages = conversation.messages ?? (await store.loadMessages(conversation.id).catch(() => []));
+  forgetImages(imagesOf(messages), { apiKey: state.settings.api_key });
   try {
     await store.deleteConversation(conversation.id);
   } catch (error) {
@@ -129,6 +134,10 @@ async function remove(conversation) {
   }
   if (conversation === state.current) await open(state.conversations[0] ?? newConversation());
   else showSidebar();
+}
+
+function imagesOf(messages) {
+  return messages.flatMap((message) => (message.role === "user" ? message.images : []));
 }
 
 function titleFrom(text, images) {
@@ -307,6 +316,8 @@ function wire() {
     attachButton: $("attach"),
     list: $("attachments"),
     dropZone: document.body,
+    upload: (image) => uploadImage(image, { apiKey: state.settings.api_key }),
+    onDiscard: (image) => forgetImages([image], { apiKey: state.settings.api_key }),
     onSend: send,
     onNotice: showNotice,
   });

@@ -3,7 +3,10 @@
 // Every file is checked before it is attached: its first bytes must be an image format the
 // server decodes (a name or a MIME type says nothing: a text file named .png is not a picture),
 // and it must decode here. Images are then sent as the bytes the user chose, except large ones,
-// which are downscaled here so that the request stays small.
+// which are downscaled here so that the request stays small. An image is attached once it is
+// uploaded (uploads.js): a server that refuses it says why before the question is sent.
+
+import { describe } from "./api.js";
 
 const MAX_IMAGE_BYTES = 8 << 20; // larger files are downscaled before sending
 const MAX_IMAGE_PIXELS = 4096 * 4096; // so are larger pictures
@@ -54,9 +57,11 @@ async function prepareImage(file) {
 }
 
 /**
- * Wire the composer's elements. onSend({text, images}) returns true when the message was taken
- * (the composer then clears) and false when it was not (nothing is lost). onNotice(text) shows
- * a problem with an attachment.
+ * Wire the composer's elements. Images are {url, name, fileId} (uploads.js). upload(image)
+ * uploads one, throwing an error whose message says why it was refused; onDiscard(image) is
+ * called for an uploaded image the user removes again. onSend({text, images}) returns true when
+ * the message was taken (the composer then clears) and false when it was not (nothing is lost).
+ * onNotice(text) shows a problem with an attachment.
  */
 export function createComposer({
   form,
@@ -65,17 +70,20 @@ export function createComposer({
   attachButton,
   list,
   dropZone,
+  upload,
+  onDiscard,
   onSend,
   onNotice,
 }) {
   let images = [];
+  let attaching = Promise.resolve(); // files still being checked and uploaded, in order
 
   function showAttachments() {
     list.replaceChildren(
-      ...images.map((url, index) => {
+      ...images.map((image, index) => {
         const item = document.createElement("li");
         const img = document.createElement("img");
-        img.src = url;
+        img.src = image.url;
         img.alt = `Attached image ${index + 1}`;
         const remove = document.createElement("button");
         remove.type = "button";
@@ -83,7 +91,7 @@ export function createComposer({
         remove.textContent = "×";
         remove.setAttribute("aria-label", `Remove image ${index + 1}`);
         remove.addEventListener("click", () => {
-          images.splice(index, 1);
+          onDiscard(...images.splice(index, 1));
           showAttachments();
           textarea.focus();
         });
@@ -94,17 +102,33 @@ export function createComposer({
     list.hidden = images.length === 0;
   }
 
-  async function addFiles(files) {
+  /** Attach `files`; resolves once each is attached or refused (with a notice). */
+  function addFiles(files) {
+    attaching = attaching.then(() => attachAll(files));
+    return attaching;
+  }
+
+  async function attachAll(files) {
     for (const file of files) {
+      let prepared;
       try {
-        const { url, downscaled } = await prepareImage(file);
-        images.push(url);
-        if (downscaled) onNotice(`${file.name} is large, so it was downscaled to ${downscaled} before sending.`);
+        prepared = await prepareImage(file);
       } catch (error) {
         onNotice(`${file.name} ${error.message}, so it was not attached.`);
+        continue;
       }
+      const image = { url: prepared.url, name: file.name, fileId: null };
+      try {
+        await upload(image);
+      } catch (error) {
+        onNotice(`${describe(error)}, so it was not attached.`);
+        continue;
+      }
+      images.push(image);
+      showAttachments();
+      if (prepared.downscaled)
+        onNotice(`${file.name} is large, so it was downscaled to ${prepared.downscaled} before sending.`);
     }
-    showAttachments();
   }
 
   function resize() {
@@ -145,8 +169,9 @@ export function createComposer({
       form.requestSubmit();
     }
   });
-  form.addEventListener("submit", (event) => {
+  form.addEventListener("submit", async (event) => {
     event.preventDefault();
+    await attaching; // an image still uploading goes with this message, not the next one
     const text = textarea.value;
     if (!text.trim() && !images.length) return;
     if (!onSend({ text, images: [...images] })) return;

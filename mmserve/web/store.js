@@ -1,4 +1,5 @@
-// Conversations in IndexedDB, images included (as data URLs inside the messages).
+// Conversations in IndexedDB, images included: each image keeps its data URL (the local copy,
+// which survives the server losing the file) beside the server's file id (uploads.js).
 //
 // Two object stores, written together in one transaction: "meta" ({id, title, updated_at}) is
 // small and read whole to draw the sidebar; "messages" ({id, messages}) holds the heavy part and
@@ -51,7 +52,15 @@ export async function listConversations() {
 /** The messages of one conversation ([] if it was never saved). */
 export async function loadMessages(id) {
   const row = await transaction("readonly", ({ messages }) => messages.get(id));
-  return row?.messages ?? [];
+  return (row?.messages ?? []).map(withImageRecords);
+}
+
+// Conversations saved before uploads kept each image as its data URL alone; it is uploaded
+// on the next request.
+function withImageRecords(message) {
+  if (message.role !== "user") return message;
+  const images = message.images.map((image) => (typeof image === "string" ? { url: image, fileId: null } : image));
+  return { ...message, images };
 }
 
 export function saveConversation({ id, title, updated_at, messages }) {

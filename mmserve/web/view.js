@@ -133,7 +133,7 @@ export function renderThread(thread, messages, streaming) {
 }
 
 function userMessage(message, index, busy) {
-  const images = message.images.map((url, k) =>
+  const images = message.images.map(({ url }, k) =>
     element("img", { src: url, alt: `Image ${k + 1} of your message`, loading: "lazy" }),
   );
   const edit = actionButton("edit", "Edit", "Edit and resend this message");

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import mimetypes
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
-from playwright.sync_api import Page, Route, expect
+from playwright.sync_api import Page, Request, Route, expect
 
 WEB_DIR = Path(__file__).resolve().parents[2] / "mmserve" / "web"
 
@@ -27,6 +29,45 @@ def serve_web_dir(page: Page) -> None:
             route.fulfill(status=404, body="not found")
 
     page.route(OFFLINE_URL + "**", handle)
+
+
+def stored_file_ids(messages: list[dict]) -> list[str | None]:
+    """The file id of each image in saved messages (ChatPage.stored_messages), in order."""
+    return [
+        image["fileId"] for message in messages if message["role"] == "user" for image in message["images"]
+    ]
+
+
+@dataclass(frozen=True)
+class Sent:
+    method: str
+    path: str  # from /v1/ on
+    body: bytes
+
+
+class ApiTraffic:
+    """Every request the page sends to the API (/v1/...), as it went on the wire, in order."""
+
+    def __init__(self, page: Page) -> None:
+        self.sent: list[Sent] = []
+        page.on("request", self._record)
+
+    def _record(self, request: Request) -> None:
+        path = request.url.split("?")[0]
+        if "/v1/" in path:
+            body = request.post_data_buffer or b""
+            self.sent.append(Sent(request.method, path[path.index("/v1/") :], body))
+
+    def uploads(self) -> int:
+        """How many POST /v1/files (image uploads) the page sent. (Their multipart bodies hold a
+        Blob, which Chromium does not report: read what arrived from the server instead.)"""
+        return sum(s.method == "POST" and s.path == "/v1/files" for s in self.sent)
+
+    def chat_bodies(self) -> list[bytes]:
+        return [s.body for s in self.sent if s.path == "/v1/chat/completions"]
+
+    def chat_messages(self) -> list[list[dict]]:
+        return [json.loads(body)["messages"] for body in self.chat_bodies()]
 
 
 class ChatPage:
@@ -127,6 +168,33 @@ class ChatPage:
                 };
             })"""
         )
+
+    def stored_messages(self) -> list[list[dict]]:
+        """Each saved conversation's messages, as a reload would find them."""
+        return self.page.evaluate(
+            """() => new Promise((resolve, reject) => {
+                const open = indexedDB.open("mmserve-chat");
+                open.onerror = () => reject(open.error);
+                open.onsuccess = () => {
+                    const all = open.result.transaction("messages").objectStore("messages").getAll();
+                    all.onsuccess = () => {
+                        open.result.close();
+                        resolve(all.result.map((row) => row.messages));
+                    };
+                    all.onerror = () => reject(all.error);
+                };
+            })"""
+        )
+
+    def wait_until_stored_messages(self, count: int, timeout_s: float = 5) -> list[dict]:
+        """The one saved conversation's messages once it holds `count` (see wait_until_stored)."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            stored = self.stored_messages()
+            if [len(messages) for messages in stored] == [count]:
+                return stored[0]
+            assert time.monotonic() < deadline, f"saved {[len(m) for m in stored]} messages, not [{count}]"
+            time.sleep(0.05)
 
     def wait_until_stored(self, *titles: str, timeout_s: float = 5) -> None:
         """Wait until the saved conversations are exactly those titled `titles`: the page writes

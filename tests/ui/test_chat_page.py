@@ -6,12 +6,12 @@ with what the API returns for the same request.
 
 from __future__ import annotations
 
-import base64
 import re
 import time
 
 import httpx
 import pytest
+from api_reference import MAX_TOKENS, SERVER_ARGS, api_answer, user_turn
 from chat_page import ChatPage
 from playwright.sync_api import expect
 from prometheus_client.parser import text_string_to_metric_families
@@ -19,15 +19,11 @@ from prometheus_client.parser import text_string_to_metric_families
 from mmserve.testing.checkpoints import checkpoint
 from mmserve.testing.server import ServerProcess
 
-MAX_TOKENS = 6  # short answers keep the module fast on a CPU
-
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     log_path = tmp_path_factory.mktemp("server") / "log"
-    # A small KV cache (2048 blocks, plenty here) starts in seconds instead of half a minute.
-    args = ("--preprocess-workers", "1", "--kv-cache-memory", "64MiB")
-    proc = ServerProcess(checkpoint("qwen2_vl"), *args, log_path=log_path)
+    proc = ServerProcess(checkpoint("qwen2_vl"), *SERVER_ARGS, log_path=log_path)
     try:
         proc.wait_healthy()
         yield proc
@@ -40,23 +36,6 @@ def chat(page, server) -> ChatPage:
     chat = ChatPage(page, server.url + "/").open()
     chat.set_settings(temperature=0, max_tokens=MAX_TOKENS)
     return chat
-
-
-def data_url(path) -> str:
-    return "data:image/png;base64," + base64.b64encode(path.read_bytes()).decode()
-
-
-def api_answer(server, messages: list[dict]) -> str:
-    """The answer the API gives for the same request as the page's (greedy, same max_tokens)."""
-    body = {"messages": messages, "temperature": 0, "max_tokens": MAX_TOKENS}
-    response = httpx.post(server.url + "/v1/chat/completions", json=body, timeout=60)
-    response.raise_for_status()
-    return response.json()["choices"][0]["message"]["content"]
-
-
-def user_turn(text: str, *image_paths) -> dict:
-    images = [{"type": "image_url", "image_url": {"url": data_url(p)}} for p in image_paths]
-    return {"role": "user", "content": [*images, {"type": "text", "text": text}]}
 
 
 def requests_running(server) -> float:

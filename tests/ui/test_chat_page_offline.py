@@ -7,64 +7,16 @@ one behaviour of the page in a second or so.
 from __future__ import annotations
 
 import base64
-import json
 
 import pytest
-from chat_page import OFFLINE_URL, ChatPage, serve_web_dir
-from playwright.sync_api import Route, expect
-
-MODEL = "tiny-model"
-
-
-class FakeApi:
-    """Answers /v1/models and /v1/chat/completions in the server's formats, and records requests."""
-
-    def __init__(self) -> None:
-        self.requests: list[dict] = []  # {"headers": ..., "body": ...} of each chat request
-        self.deltas = ["Hello", " **world**"]
-        self.status = 200  # a status >= 400 answers {"error": ...} with `error` as the message
-        self.error = ""
-        self.error_mid_stream = False  # stream `deltas`, then an error frame
-        self.models_status = 200
-        self.timing = {"time_to_first_token_s": 0.05, "decode_time_s": 0.25}  # the server's
-
-    def models(self, route: Route) -> None:
-        if self.models_status != 200:
-            return route.fulfill(
-                status=self.models_status, json=self.error_body("missing or invalid API key")
-            )
-        route.fulfill(json={"object": "list", "data": [{"id": MODEL, "object": "model"}]})
-
-    def chat(self, route: Route) -> None:
-        self.requests.append({"headers": route.request.headers, "body": route.request.post_data_json})
-        if self.status != 200:
-            return route.fulfill(status=self.status, json=self.error_body(self.error))
-        frames = [
-            {"choices": [{"index": 0, "delta": {"content": d}, "finish_reason": None}]} for d in self.deltas
-        ]
-        if self.error_mid_stream:
-            frames.append(self.error_body(self.error))
-        else:
-            usage = {"prompt_tokens": 40, "completion_tokens": len(self.deltas), "total_tokens": 40}
-            usage |= {"prompt_tokens_details": {"cached_tokens": 30}}
-            frames.append({"choices": [], "usage": usage, "timing": self.timing})
-        body = "".join(f"data: {json.dumps(f)}\n\n" for f in frames) + "data: [DONE]\n\n"
-        route.fulfill(body=body, content_type="text/event-stream")
-
-    def error_body(self, message: str) -> dict:
-        return {"error": {"message": message, "type": "invalid_request_error", "param": None, "code": 400}}
-
-    def last_messages(self) -> list[dict]:
-        return self.requests[-1]["body"]["messages"]
+from chat_page import OFFLINE_URL, ChatPage
+from fake_api import MODEL, FakeApi
+from playwright.sync_api import expect
 
 
 @pytest.fixture
 def api(page) -> FakeApi:
-    api = FakeApi()
-    serve_web_dir(page)
-    page.route(OFFLINE_URL + "v1/models", api.models)
-    page.route(OFFLINE_URL + "v1/chat/completions", api.chat)
-    return api
+    return FakeApi().serve(page)
 
 
 @pytest.fixture
