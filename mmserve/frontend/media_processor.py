@@ -7,7 +7,6 @@ the segment until EngineCore reports the handle released), or copied into the me
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -49,15 +48,16 @@ class MediaProcessor:
         self.count_sent(request.mm_features)
         return request
 
-    def answer(self, processed: ProcessedImage, by_handle: bool) -> np.ndarray | PixelHandle:
-        """What answers the engine's ask for `processed`'s pixels: a handle pinned for it, or the
-        array (in shared memory, until `processed` is released: the sender copies it)."""
-        if by_handle and self.by_handle:
+    def answer(self, processed: ProcessedImage, first_answer: bool) -> np.ndarray | PixelHandle:
+        """What answers the engine's ask for `processed`'s pixels: the first time, a handle pinned
+        for it; if the engine asks again (it could not read that handle), the array (in shared
+        memory until `processed` is released: the sender copies it)."""
+        if first_answer and self.by_handle:
             return pixel_handle(processed, self.pool.pin(processed))
         self.mirror.pixels_resent_copied += 1
         return processed.pixel_values
 
-    def release_handles(self, use_ids: Iterable[int]) -> None:
+    def release_handles(self, use_ids: list[int]) -> None:
         """EngineCore has read these handles (EngineCoreOutputs.released_pixel_handles), or they
         were never sent."""
         if use_ids:

@@ -137,8 +137,12 @@ async def die_with_handles_in_flight(model_path) -> dict:
         prompt = await frontend.inputs.chat_async(messages(urls))
         stream = engine.generate("doomed", prompt, params)
         first = asyncio.ensure_future(anext(stream))
-        while frontend.pool.stats().pinned < 4:  # two images, two engine requests (n=2)
-            await asyncio.sleep(0.01)
+
+        async def all_sent() -> None:
+            while frontend.pool.stats().pinned < 4:  # two images, two engine requests (n=2)
+                await asyncio.sleep(0.01)
+
+        await asyncio.wait_for(all_sent(), timeout=30)
         pinned = frontend.pool.stats().pinned
         os.kill(engine.client.process.pid, signal.SIGKILL)
         with pytest.raises(EngineDeadError):

@@ -101,7 +101,7 @@ def unlink(handle) -> np.ndarray:
 
 def restore(handle, pixels: np.ndarray) -> None:
     """Put the pool's segment back as it was (linked, its pixels), for the pool's later users."""
-    create = not shm.list_segments(handle.shm_name)
+    create = handle.shm_name not in shm.list_segments(handle.shm_name)
     segment_bytes = shm.segment_size(handle.nbytes)
     view = shm.map_writable(shm.ShmHandle(handle.shm_name, handle.shape), segment_bytes, create=create)
     view[...] = pixels
