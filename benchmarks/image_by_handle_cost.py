@@ -87,7 +87,7 @@ def measure(frontend, urls: list[str], by_handle: bool) -> tuple[list[float], fl
         request = media.engine_request(prompt, f"r{index}", params, time.monotonic())
         prompt.release_shared()
         frames = protocol.encode_add(request)
-        pixel_bytes += sum(len(frame) for frame in frames[2:])
+        pixel_bytes += sum(memoryview(frame).nbytes for frame in frames[2:])
         push.send_multipart(frames, copy=False)
         released = pull.recv_json()  # waits without CPU
         media.release_handles(released)
@@ -110,7 +110,6 @@ def main() -> None:
         model=checkpoint("qwen2_vl"),
         preprocess_workers=1,
         mm_processor_kwargs={"max_pixels": QWEN_MAX_PIXELS},
-        max_model_len=32768,
     ).create_engine_config()
     frontend = build_frontend(config, MediaLoader(), open_ended=True)
     try:

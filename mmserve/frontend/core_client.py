@@ -107,13 +107,13 @@ class MPCoreClient:
 
     async def add_request(self, request: EngineRequest) -> None:
         frames = protocol.encode_add(request)
-        self.pixel_bytes_sent += sum(len(frame) for frame in frames[2:])
+        self.pixel_bytes_sent += sum(memoryview(frame).nbytes for frame in frames[2:])
         await self._to_engine.send_multipart(frames, copy=False)
 
     async def send_pixels(self, request_id: str, mm_hash: str, pixels: np.ndarray | PixelHandle) -> None:
         """An array is copied into the message (its segment is released after this returns)."""
         frames = protocol.encode_pixels(request_id, mm_hash, pixels)
-        self.pixel_bytes_sent += sum(len(frame) for frame in frames[2:])
+        self.pixel_bytes_sent += sum(memoryview(frame).nbytes for frame in frames[2:])
         await self._to_engine.send_multipart(frames)
 
     async def abort_requests(self, request_ids: list[str]) -> None:
