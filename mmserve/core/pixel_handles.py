@@ -54,13 +54,19 @@ def _read_into(fd: int, buffer: memoryview) -> bool:
 
 def resolve_handles(features: list[MultiModalFeature]) -> list[int]:
     """Replace each feature's handle by its pixels, or, where they cannot be read, mark it sent
-    by hash (encoding it then waits for the frontend's pixels); the use ids of the handles."""
+    by hash (encoding it then waits for the frontend's pixels); the use ids of the handles. An
+    image twice in one request is read once."""
     released = []
+    read: dict[tuple[str, int, tuple[int, ...]], np.ndarray | None] = {}
     for f in features:
-        if f.pixel_handle is None:
+        handle = f.pixel_handle
+        if handle is None:
             continue
-        released.append(f.pixel_handle.use_id)
-        f.pixel_values = read_pixels(f.pixel_handle)
+        released.append(handle.use_id)
+        key = (handle.shm_name, handle.digest, handle.shape)
+        if key not in read:
+            read[key] = read_pixels(handle)
+        f.pixel_values = read[key]
         f.by_hash = f.pixel_values is None
         f.pixel_handle = None
     return released

@@ -7,9 +7,9 @@ a video's). The item's mm_hash from the pool keys every cache.
 
 An image the engine already holds (the mirror says so: engine_mirror.py) is hashed and sent by
 hash alone, never preprocessed or copied; any other image's pixels stay in the pool's shared
-memory and go to EngineCore by handle (`ProcessedPrompt.engine_request`); every image's source is
-kept with the prompt, so the engine can be sent its pixels should it have evicted it meanwhile. Uploaded files
-(file_store.py) come in by id, with their hash computed at upload.
+memory and go to EngineCore by handle (`ProcessedPrompt.engine_request`). Every image's source
+is kept with the prompt, so the engine can be sent its pixels should it have evicted it
+meanwhile. Uploaded files (file_store.py) come in by id, with their hash computed at upload.
 """
 
 from __future__ import annotations

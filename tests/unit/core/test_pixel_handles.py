@@ -10,9 +10,11 @@ from collections.abc import Callable, Iterator
 
 import numpy as np
 import pytest
+from msgspec.structs import replace
 from test_pixel_waits import GRID, make_engine, request, run
 
 from mmserve import protocol
+from mmserve.core import pixel_handles
 from mmserve.core.pixel_handles import read_pixels
 from mmserve.protocol import EngineRequest, MultiModalFeature, PixelHandle
 from mmserve.sampling_params import SamplingParams
@@ -107,6 +109,15 @@ def test_an_unreadable_handle_makes_its_request_wait_then_asks_again(make_segmen
     assert steps[0].released_pixel_handles == [3]
     assert engine.executor.encoded == ["a"]
     assert steps[-1].outputs[-1].finish_reason == "length"
+
+
+def test_an_image_twice_in_a_request_is_read_once(make_segment: MakeSegment, monkeypatch):
+    reads = []
+    monkeypatch.setattr(pixel_handles, "read_pixels", lambda handle: reads.append(handle) or pixels())
+    handle = make_segment(pixels(), use_id=1)
+    features = [by_handle(handle), MultiModalFeature("a", 6, 4, GRID, pixel_handle=replace(handle, use_id=2))]
+    assert pixel_handles.resolve_handles(features) == [1, 2]
+    assert len(reads) == 1 and all(f.pixel_values is not None and f.pixel_handle is None for f in features)
 
 
 def test_a_handle_for_a_finished_request_is_released_unread(make_segment: MakeSegment):
