@@ -5,12 +5,13 @@
 
 What the API server process does for one streamed chat request besides waiting: parse and
 validate the JSON body, build the request's sampling params, decode the image's data URL,
-hash it (the mm_hash), render the chat template, tokenise, expand the placeholders (copying
-the pixels out of shared memory), encode the request for EngineCore; then, per output token,
-fold the engine's output in (detokenise) and build the SSE chunk. The stages are the functions
-the server calls, timed one by one over every row (CPU time of this thread, the median of
-`--repeats` passes, µs per request). Decoding and resizing the image runs in the preprocess
-workers when serving, not in this process; it is timed too (`preprocess`), for scale.
+hash it (the mm_hash), render the chat template, tokenise, expand the placeholders (the
+pixels stay in shared memory: the request names them by handle), encode the request for
+EngineCore; then, per output token, fold the engine's output in (detokenise) and build the
+SSE chunk. The stages are the functions the server calls, timed one by one over every row
+(CPU time of this thread, the median of `--repeats` passes, µs per request). Decoding and
+resizing the image runs in the preprocess workers when serving, not in this process; it is
+timed too (`preprocess`), for scale.
 """
 
 from __future__ import annotations
@@ -71,7 +72,7 @@ def one_request(frontend, body: bytes, output_ids: list[int], stages: Stages, in
     token_ids = stages.time("tokenise", inputs._encode, text)
     processed = stages.time("preprocess (workers)", lambda: [pool.process(item) for item in items])
     expanded, features = stages.time(
-        "placeholders + pixel copy",
+        "placeholders",
         expand_placeholders,
         token_ids,
         processed,

@@ -78,7 +78,12 @@ def run_engine_core_process(
                 engine_core.check_health()  # idle: a dead worker would otherwise go unnoticed
             if engine_core.has_work():
                 outputs = engine_core.step()
-                news = outputs.outputs or outputs.pixels_needed or outputs.encoder_cache_changes
+                news = (
+                    outputs.outputs
+                    or outputs.pixels_needed
+                    or outputs.encoder_cache_changes
+                    or outputs.released_pixel_handles
+                )
                 idle = engine_core.last_step_tokens == 0 and not news
                 if not idle:
                     outbox.send_multipart(protocol.encode_outputs(outputs), copy=False)

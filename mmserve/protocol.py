@@ -1,7 +1,8 @@
 """Messages between the frontend (API server / offline LLM) and EngineCore.
 
 msgspec Structs, so they cross the ZeroMQ boundary as msgpack; image pixels travel beside
-them (see the serving transport), never inside the msgpack body.
+them (see the serving transport) or stay in the preprocess pool's shared memory, named by a
+`PixelHandle` — never inside the msgpack body.
 """
 
 from __future__ import annotations
@@ -12,6 +13,25 @@ import msgspec
 import numpy as np
 
 from mmserve.sampling_params import SamplingParams
+
+
+class PixelHandle(msgspec.Struct, frozen=True, array_like=True):
+    """An image's pixels in a POSIX shared-memory segment of the API server's preprocess pool.
+
+    The pool keeps the segment (no recycling, no unlink) while `use_id` is pinned, until
+    EngineCore reports `use_id` in `EngineCoreOutputs.released_pixel_handles` (or dies).
+    EngineCore reads its own copy on receipt and checks it against `digest`: a segment gone,
+    short or holding other pixels counts as no pixels at all (the request waits for them)."""
+
+    shm_name: str
+    shape: tuple[int, ...]  # [num_patches, C·T·P·P]
+    dtype: str  # numpy dtype name, "float32"
+    digest: int  # xxh3-64 of the pixel bytes in C order (preprocess.hashing.pixels_digest)
+    use_id: int  # this send's pin in the pool; 0: not pinned (the prompt's, before a send)
+
+    @property
+    def nbytes(self) -> int:
+        return int(np.prod(self.shape)) * np.dtype(self.dtype).itemsize
 
 
 @dataclass
@@ -32,6 +52,9 @@ class MultiModalFeature:
     # An image whose pixels the frontend keeps (sent by hash, or dropped here once encoded):
     # while `pixel_values` is None, encoding it waits for EngineCoreOutputs.pixels_needed.
     by_hash: bool = False
+    # Where the pixels are instead of `pixel_values` (an image in the pool's shared memory);
+    # EngineCore turns it into `pixel_values` (or, if unreadable, `by_hash`) on receipt.
+    pixel_handle: PixelHandle | None = None
 
 
 class EngineRequest(msgspec.Struct, kw_only=True):
@@ -90,6 +113,9 @@ class EngineCoreOutputs(msgspec.Struct, kw_only=True, omit_defaults=True):
     # mm_hash → whether the encoder cache holds it now, for every entry that changed since the
     # last outputs: what the frontend's mirror of the cache applies, in order.
     encoder_cache_changes: dict[str, bool] = msgspec.field(default_factory=dict)
+    # use ids of the `PixelHandle`s received since the last outputs (read, or found unreadable):
+    # EngineCore will not look at their segments again; the frontend unpins them.
+    released_pixel_handles: list[int] = msgspec.field(default_factory=list)
 
 
 class EngineReady(msgspec.Struct, kw_only=True):
@@ -104,16 +130,16 @@ class EngineReady(msgspec.Struct, kw_only=True):
 
 # ---------------------------------------------------------------------------------------------
 # Wire format over ZeroMQ. Frontend → EngineCore: [b"ADD", header, *pixel frames],
-# [b"ABORT", ids] or [b"PIXELS", header, pixel frame]. EngineCore → frontend: [b"OUT", outputs]
+# [b"ABORT", ids] or [b"PIXELS", header(, pixel frame)]. EngineCore → frontend: [b"OUT", outputs]
 # or [b"READY"/b"FAILED", info]. Pixel arrays travel as their own frames, sent without copying
-# and received as views; a feature sent by hash alone has no frame.
+# and received as views; a feature sent by hash alone or by `PixelHandle` has no frame.
 
 ADD, ABORT, PIXELS, OUT, READY, FAILED = b"ADD", b"ABORT", b"PIXELS", b"OUT", b"READY", b"FAILED"
 
 _Layout = tuple[int, str, tuple[int, ...]]  # (feature index, dtype, shape) of one pixel frame
 _encoder = msgspec.msgpack.Encoder()
 _request_decoder = msgspec.msgpack.Decoder(tuple[EngineRequest, list[_Layout]])
-_pixels_decoder = msgspec.msgpack.Decoder(tuple[str, str, str, tuple[int, ...]])
+_pixels_decoder = msgspec.msgpack.Decoder(tuple[str, str, PixelHandle | None, str, tuple[int, ...]])
 _outputs_decoder = msgspec.msgpack.Decoder(EngineCoreOutputs)
 
 
@@ -139,14 +165,19 @@ def decode_add(frames: list) -> EngineRequest:
     return request
 
 
-def encode_pixels(request_id: str, mm_hash: str, pixel_values: np.ndarray) -> list:
-    """The pixels of image `mm_hash` that EngineCore asked for on behalf of `request_id`."""
-    header = _encoder.encode((request_id, mm_hash, pixel_values.dtype.str, pixel_values.shape))
-    return [PIXELS, header, np.ascontiguousarray(pixel_values).data]
+def encode_pixels(request_id: str, mm_hash: str, pixels: np.ndarray | PixelHandle) -> list:
+    """The pixels of image `mm_hash` that EngineCore asked for on behalf of `request_id`: an
+    array (its own frame) or a handle (no frame)."""
+    if isinstance(pixels, PixelHandle):
+        return [PIXELS, _encoder.encode((request_id, mm_hash, pixels, "", ()))]
+    header = _encoder.encode((request_id, mm_hash, None, pixels.dtype.str, pixels.shape))
+    return [PIXELS, header, np.ascontiguousarray(pixels).data]
 
 
-def decode_pixels(frames: list) -> tuple[str, str, np.ndarray]:
-    request_id, mm_hash, dtype, shape = _pixels_decoder.decode(frames[1])
+def decode_pixels(frames: list) -> tuple[str, str, np.ndarray | PixelHandle]:
+    request_id, mm_hash, handle, dtype, shape = _pixels_decoder.decode(frames[1])
+    if handle is not None:
+        return request_id, mm_hash, handle
     return request_id, mm_hash, np.frombuffer(frames[2], dtype=np.dtype(dtype)).reshape(shape)
 
 

@@ -3,10 +3,14 @@
 It covers the input (encoded bytes, or a PIL image's mode, size, palette, transparency and
 pixels) and `ProcessorSettings.digest`, so the same bytes under different settings get
 different ids. A domain tag keeps encoded bytes and raw pixels from ever colliding by design.
+
+`pixels_digest` is another thing: a checksum of a result's pixels, which a process reading them
+from shared memory by handle recomputes to prove the segment still holds them.
 """
 
 from __future__ import annotations
 
+import numpy as np
 import xxhash
 from PIL import Image
 
@@ -31,3 +35,9 @@ def mm_hash(source: ImageSource | Image.Image, settings: ProcessorSettings) -> s
         hasher.update(b"encoded\0")
         hasher.update(source)
     return hasher.hexdigest()
+
+
+def pixels_digest(pixels: np.ndarray) -> int:
+    """xxh3-64 of the array's bytes in C order: what a `ShmHandle` reader checks its copy
+    against (EngineCore computes the same function; the two must stay the same)."""
+    return xxhash.xxh3_64_intdigest(np.ascontiguousarray(pixels).data)

@@ -3,7 +3,8 @@
 A request is hashed once; a cache hit returns at once (no IPC); a request for an image already
 being computed waits for that computation; otherwise its header is checked (a bad image fails
 here, before any queue), it takes an admission slot (backpressure) and goes to a worker.
-Results live in shared memory, reference counted; freed segments are recycled.
+Results live in shared memory, reference counted; freed segments are recycled. A result sent
+to another process by handle is pinned (`pin`) until that process has taken its copy (`unpin`).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import itertools
 import os
 import secrets
 import threading
+from collections.abc import Iterable
 from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass
 
@@ -31,6 +33,7 @@ from preprocess.errors import (
 )
 from preprocess.gate import AdmissionGate
 from preprocess.image import num_tokens
+from preprocess.pins import Pins
 from preprocess.probe import pixel_values_nbytes
 from preprocess.processed import ProcessedImage, SharedPixels
 from preprocess.settings import ProcessorSettings
@@ -54,6 +57,7 @@ class PoolStats:
     cached_images: int
     cached_bytes: int
     spare_bytes: int  # freed segments kept for reuse
+    pinned: int  # handles sent to another process and not yet reported taken (see `pin`)
 
 
 class PreprocessPool:
@@ -82,6 +86,7 @@ class PreprocessPool:
         self.segment_prefix = f"{shm.SEGMENT_PREFIX}{secrets.token_hex(4)}_"
         self._cache = ImageCache(cache_bytes)
         self._spares = SpareSegments(spare_bytes)
+        self._pins = Pins()
         self._gate = AdmissionGate(max_pending or max(8, 4 * num_workers))
         self._jobs: dict[str, list[Future]] = {}  # image id -> waiters of its running computation
         self._task_ids = itertools.count()
@@ -130,11 +135,27 @@ class PreprocessPool:
             cached_images=len(self._cache),
             cached_bytes=self._cache.used_bytes,
             spare_bytes=self._spares.held_bytes,
+            pinned=len(self._pins),
         )
+
+    def pin(self, image: ProcessedImage) -> int:
+        """Keep `image`'s segment linked and unrecycled for a reader in another process, however
+        the cache evicts meanwhile, until `unpin` with the use id returned. RuntimeError if
+        `image` was released."""
+        return self._pins.pin(image)
+
+    def unpin(self, use_ids: Iterable[int]) -> None:
+        """The readers of these use ids have their copies (unknown ids are ignored)."""
+        self._pins.unpin(use_ids)
+
+    def unpin_all(self) -> None:
+        """The reading process is gone: no pin is needed any more."""
+        self._pins.unpin_all()
 
     def segments_in_use(self) -> list[str]:
         """This pool's segments that neither the cache nor the spares hold: those of results
-        still referenced by a caller (or computing). With nothing in flight, any is a leak."""
+        still referenced by a caller or a pin (or computing). With nothing in flight, any is a
+        leak."""
         held = self._cache.segment_names() | self._spares.names()
         return [name for name in shm.list_segments(self.segment_prefix) if name not in held]
 
@@ -157,6 +178,7 @@ class PreprocessPool:
         atexit.unregister(self.close)
         self._gate.close()
         self._executor.close()
+        self._pins.unpin_all()
         self._cache.clear()
         self._spares.close()
         for name in shm.list_segments(self.segment_prefix):
@@ -240,7 +262,13 @@ class PreprocessPool:
                 settings = task.source.settings if isinstance(task.source, VideoSource) else self.settings
                 tokens = num_tokens(done.grid, settings)
                 shared = SharedPixels(
-                    task.mm_hash, done.handle, done.grid, tokens, task.segment_bytes, self._spares.give
+                    task.mm_hash,
+                    done.handle,
+                    done.grid,
+                    tokens,
+                    task.segment_bytes,
+                    self._spares.give,
+                    done.digest,
                 )
                 shared.video_info = done.video_info
             except OSError as exc:

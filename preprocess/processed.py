@@ -30,12 +30,14 @@ class SharedPixels:
         num_tokens: int,
         segment_bytes: int,
         free: FreeSegment,
+        digest: int = 0,
     ) -> None:
         self.mm_hash = mm_hash
         self.handle = handle
         self.grid_thw = grid_thw
         self.num_tokens = num_tokens
         self.segment_bytes = segment_bytes
+        self.digest = digest  # hashing.pixels_digest of the pixels: a by-handle reader checks it
         self.pixels = shm.attach(handle)
         self.video_info: object | None = None  # a video's `VideoInfo` (sampled frames, rate)
         self._free = free
@@ -69,7 +71,9 @@ class ProcessedImage:
     `release()` (or at the end of a `with` block, or at garbage collection as a safety net).
     Another process may map the same pixels read-only from `handle` (`preprocess.shm.attach`)
     and read them until this is released: after that the segment may be recycled for another
-    image, so whoever reads in another process must finish (or copy) before the release.
+    image, so whoever reads in another process must finish (or copy) before the release (a
+    `PreprocessPool.pin` holds a reference of its own for that), and may check its copy
+    against `digest`.
     """
 
     def __init__(self, shared: SharedPixels) -> None:
@@ -87,6 +91,11 @@ class ProcessedImage:
     @property
     def num_tokens(self) -> int:
         return self._shared.num_tokens
+
+    @property
+    def digest(self) -> int:
+        """`preprocess.hashing.pixels_digest` of `pixel_values`, computed by the worker."""
+        return self._shared.digest
 
     @property
     def video_info(self):
@@ -112,6 +121,14 @@ class ProcessedImage:
     def release(self) -> None:
         """Give up this reference (idempotent). Do not use `pixel_values` afterwards."""
         self._release()
+
+    def new_reference(self) -> ProcessedImage:
+        """Another reference to the same pixels, released on its own. RuntimeError if this one
+        was released (the segment may be gone)."""
+        if self.released:
+            raise RuntimeError(f"image {self.mm_hash} was released")
+        self._shared.acquire()
+        return ProcessedImage(self._shared)
 
     def __enter__(self) -> ProcessedImage:
         return self

@@ -16,6 +16,7 @@ import numpy as np
 from preprocess import shm
 from preprocess.decode import ImageSource, decode_rgb
 from preprocess.errors import ImageError, PreprocessFailed
+from preprocess.hashing import pixels_digest
 from preprocess.image import GridTHW, process_rgb
 from preprocess.settings import ProcessorSettings
 from preprocess.video import VideoInfo, VideoSource, process_video
@@ -38,13 +39,15 @@ class Task:
 
 @dataclass(frozen=True)
 class TaskDone:
-    """Exactly one of (`handle`, `grid`) or `error` is set; `video_info` for a video."""
+    """Exactly one of (`handle`, `grid`, `digest`) or `error` is set; `video_info` for a video.
+    `digest` is `hashing.pixels_digest` of the pixels written."""
 
     task_id: int
     handle: shm.ShmHandle | None = None
     grid: GridTHW | None = None
     error: Exception | None = None
     video_info: VideoInfo | None = None
+    digest: int = 0
 
 
 @dataclass(frozen=True)
@@ -57,11 +60,13 @@ def run_task(task: Task, settings: ProcessorSettings) -> TaskDone:
     internal failure: both come back as `TaskDone.error`, and a segment this call created is
     unlinked again (a recycled one stays the pool's)."""
     handle: shm.ShmHandle | None = None
+    pixels: np.ndarray | None = None
 
     def allocate(shape: tuple[int, int]) -> np.ndarray:
-        nonlocal handle
+        nonlocal handle, pixels
         handle = shm.ShmHandle(task.shm_name, shape)
-        return shm.map_writable(handle, task.segment_bytes, create=not task.recycled)
+        pixels = shm.map_writable(handle, task.segment_bytes, create=not task.recycled)
+        return pixels
 
     video_info = None
     try:
@@ -69,13 +74,14 @@ def run_task(task: Task, settings: ProcessorSettings) -> TaskDone:
             grid, video_info = process_video(task.source, allocate)
         else:
             grid = process_rgb(decode_rgb(task.source, settings), settings, allocate)
+        digest = pixels_digest(pixels)
     except Exception as exc:
         if handle is not None and not task.recycled:
             shm.unlink(handle.shm_name)
         if not isinstance(exc, ImageError):
             exc = PreprocessFailed(f"preprocessing failed unexpectedly: {type(exc).__name__}: {exc}")
         return TaskDone(task.task_id, error=exc)
-    return TaskDone(task.task_id, handle=handle, grid=grid, video_info=video_info)
+    return TaskDone(task.task_id, handle=handle, grid=grid, video_info=video_info, digest=digest)
 
 
 def worker_main(conn: Connection, settings: ProcessorSettings) -> None:

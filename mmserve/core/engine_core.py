@@ -10,10 +10,17 @@ import logging
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Protocol
 
+from mmserve.core.pixel_handles import read_pixels, resolve_handles
 from mmserve.core.request import Request
 from mmserve.core.sched_output import ExecutorDeadError, ModelRunnerOutput, SchedulerOutput
 from mmserve.core.scheduler import Scheduler
-from mmserve.protocol import EngineCoreOutput, EngineCoreOutputs, EngineRequest, MultiModalFeature
+from mmserve.protocol import (
+    EngineCoreOutput,
+    EngineCoreOutputs,
+    EngineRequest,
+    MultiModalFeature,
+    PixelHandle,
+)
 
 if TYPE_CHECKING:
     import numpy as np
@@ -35,10 +42,13 @@ class EngineCore:
         self.executor = executor
         self.vocab_size = vocab_size  # the model's: token ids at or past it would index past the logits
         self._pending: list[EngineCoreOutput] = []  # rejections and aborts, sent with the next step
+        self._released_handles: list[int] = []  # pixel handles read since the last outputs
         self.last_step_tokens = 0  # tokens the last step scheduled (0: its requests all wait)
 
     def add_request(self, engine_request: EngineRequest) -> None:
-        """Queue a request; one that can never run is answered with an error output instead."""
+        """Queue a request; one that can never run is answered with an error output instead.
+        Pixels sent by handle are read now, whatever becomes of the request."""
+        self._released_handles += resolve_handles(engine_request.mm_features)
         request = Request(
             engine_request.request_id,
             engine_request.prompt_token_ids,
@@ -61,15 +71,25 @@ class EngineCore:
     def abort_requests(self, request_ids: Iterable[str]) -> None:
         self._pending.extend(self.scheduler.abort_requests(request_ids))
 
-    def supply_pixels(self, request_id: str, mm_hash: str, pixel_values: np.ndarray) -> None:
-        """The frontend's answer to `pixels_needed`; pixels that do not fit fail the request."""
+    def supply_pixels(self, request_id: str, mm_hash: str, pixel_values: np.ndarray | PixelHandle) -> None:
+        """The frontend's answer to `pixels_needed`; pixels that do not fit fail the request.
+        A handle is read if the request still runs; if it cannot be, the pixels are asked again."""
+        if isinstance(pixel_values, PixelHandle):
+            self._released_handles.append(pixel_values.use_id)
+            if request_id not in self.scheduler.requests:
+                return
+            handle, pixel_values = pixel_values, read_pixels(pixel_values)
+            if pixel_values is None:
+                logger.warning("image %s: no pixels in %s; asking again", mm_hash, handle.shm_name)
+                self.scheduler.pixel_waits.ask_again(request_id, mm_hash)
+                return
         try:
             self.scheduler.supply_pixels(request_id, mm_hash, pixel_values)
         except ValueError as e:
             self.scheduler.fail(self.scheduler.requests[request_id], str(e))
 
     def has_work(self) -> bool:
-        return self.scheduler.has_unfinished_requests() or bool(self._pending)
+        return self.scheduler.has_unfinished_requests() or bool(self._pending or self._released_handles)
 
     def step(self) -> EngineCoreOutputs:
         scheduler_output = self.scheduler.schedule()
@@ -116,10 +136,11 @@ class EngineCore:
         return self._with_image_news(result)
 
     def _with_image_news(self, outputs: EngineCoreOutputs) -> EngineCoreOutputs:
-        """What the frontend needs to know about images: pixels to send, and how the encoder
-        cache changed (for its mirror of it)."""
+        """What the frontend needs to know about images: pixels to send, how the encoder cache
+        changed (for its mirror of it), and which pixel handles it may unpin."""
         outputs.pixels_needed = self.scheduler.pixel_waits.take_needed()
         outputs.encoder_cache_changes = self.scheduler.encoder_cache_manager.take_changes()
+        outputs.released_pixel_handles, self._released_handles = self._released_handles, []
         return outputs
 
 

@@ -31,6 +31,12 @@ class PixelWaits:
                 asked.add(mm_hash)
                 self.needed.append((request.request_id, mm_hash))
 
+    def ask_again(self, request_id: str, mm_hash: str) -> None:
+        """The answer to an ask could not be used (its pixel handle was unreadable): ask once
+        more, if the request still waits for that image."""
+        if mm_hash in self._asked.get(request_id, ()):
+            self.needed.append((request_id, mm_hash))
+
     def supply(self, request: Request, mm_hash: str, pixel_values: np.ndarray) -> None:
         """Give the request's features with `mm_hash` their pixels. ValueError if they do not
         match the image's grid (then nothing is changed)."""

@@ -146,13 +146,16 @@ class LLM:
     def _step(self, finished: dict[str, RequestOutput]) -> None:
         """One engine step; finished requests go to `finished`, asked-for pixels to the engine."""
         engine_outputs = self._client.get_output()
-        self._inputs.media.mirror.apply(engine_outputs.encoder_cache_changes)
+        media = self._inputs.media
+        media.release_handles(engine_outputs.released_pixel_handles)
+        media.mirror.apply(engine_outputs.encoder_cache_changes)
         for engine_id, mm_hash in engine_outputs.pixels_needed:
             source = self._sources.get(engine_id, mm_hash)
             if source is not None:
-                with self._inputs.media.pixels(source, mm_hash) as processed:
-                    self._client.supply_pixels(engine_id, mm_hash, processed.pixel_values)
-                self._inputs.media.mirror.pixels_resent += 1
+                with media.pixels(source, mm_hash) as processed:
+                    first = self._sources.first_answer(engine_id, mm_hash)
+                    self._client.supply_pixels(engine_id, mm_hash, media.answer(processed, first))
+                media.mirror.pixels_resent += 1
         results, to_abort = self._outputs.process_outputs(engine_outputs.outputs)
         if to_abort:
             self._client.abort_requests(to_abort)
@@ -176,10 +179,14 @@ class LLM:
         request_id = str(next(self._ids))
         params = prepare_params(with_model_defaults(params, self._default_params), self.tokenizer)
         prompt = truncate_prompt(prompt, params.truncate_prompt_tokens)
-        for engine_id, child in self._outputs.add_request(
-            request_id, prompt.prompt, prompt.token_ids, params
-        ):
-            self._sources.add(engine_id, prompt.sources)
-            self._sources_of.add(engine_id)
-            self._client.add_request(prompt.engine_request(engine_id, child, time.monotonic()))
+        try:
+            for engine_id, child in self._outputs.add_request(
+                request_id, prompt.prompt, prompt.token_ids, params
+            ):
+                self._sources.add(engine_id, prompt.sources)
+                self._sources_of.add(engine_id)
+                request = self._inputs.media.engine_request(prompt, engine_id, child, time.monotonic())
+                self._client.add_request(request)  # reads its pixel handles at once
+        finally:
+            prompt.release_shared()
         return request_id

@@ -4,7 +4,8 @@ One background task reads EngineCore's outputs, detokenises them (OutputProcesso
 each request its deltas (RequestOutputKind.DELTA) through its own queue, so the API handlers
 only await queues. If EngineCore dies, every open request gets EngineDeadError and
 `on_engine_dead` is called once. The same task keeps the input processor's mirror of the
-engine's encoder cache current and answers the engine's asks for pixels (engine_mirror.py).
+engine's encoder cache current, answers the engine's asks for pixels (engine_mirror.py) and
+unpins the pixel handles the engine has read (all of them if it dies).
 """
 
 from __future__ import annotations
@@ -16,13 +17,16 @@ import time
 import weakref
 from collections.abc import AsyncIterator, Callable
 
+import numpy as np
+
 from mmserve.config import EngineConfig
 from mmserve.frontend.core_client import EngineDeadError, MPCoreClient
 from mmserve.frontend.engine_mirror import PixelSources
 from mmserve.frontend.input_processor import InputProcessor, ProcessedPrompt
+from mmserve.frontend.media_processor import handle_ids
 from mmserve.frontend.output_processor import OutputProcessor
 from mmserve.outputs import RequestOutput, RequestOutputKind
-from mmserve.protocol import EngineCoreOutputs, SchedulerStats
+from mmserve.protocol import EngineCoreOutputs, EngineRequest, PixelHandle, SchedulerStats
 from mmserve.sampling_params import SamplingParams
 
 logger = logging.getLogger("mmserve.frontend")
@@ -122,9 +126,12 @@ class AsyncLLM:
         engine_ids = [engine_id for engine_id, _ in children]
         try:
             now = time.monotonic()
-            for engine_id, child_params in children:
-                self.pixel_sources.add(engine_id, prompt.sources)
-                await self.client.add_request(prompt.engine_request(engine_id, child_params, now, priority))
+            try:
+                for engine_id, child_params in children:
+                    self.pixel_sources.add(engine_id, prompt.sources)
+                    await self._send(self._engine_request(prompt, engine_id, child_params, now, priority))
+            finally:
+                prompt.release_shared()
             while not finished:
                 item = await queue.get()
                 if isinstance(item, BaseException):
@@ -136,6 +143,28 @@ class AsyncLLM:
             self.pixel_sources.forget(engine_ids)
             if not finished:
                 await self.abort(request_id)
+
+    def _engine_request(
+        self, prompt: ProcessedPrompt, engine_id: str, params: SamplingParams, now: float, priority: int
+    ) -> EngineRequest:
+        if self.inputs is None:  # no pool to pin in: pixels are copied into the message
+            return prompt.engine_request(engine_id, params, now, priority)
+        return self.inputs.media.engine_request(prompt, engine_id, params, now, priority)
+
+    async def _send(self, request: EngineRequest) -> None:
+        """Send one engine request; the pins of its pixel handles are given back if it does not
+        go, or if the engine died meanwhile (it reads nothing more)."""
+        try:
+            await self.client.add_request(request)
+        except BaseException:
+            self._release_handles(handle_ids(request))
+            raise
+        if self.dead:
+            self._release_handles(handle_ids(request))
+
+    def _release_handles(self, use_ids: list[int]) -> None:
+        if self.inputs is not None:
+            self.inputs.media.release_handles(use_ids)
 
     def fail_open_requests(self, error: Exception) -> None:
         """End every open request with `error` and refuse new ones with it (the server is
@@ -177,12 +206,15 @@ class AsyncLLM:
             )
             logger.error("%s; failing %d open requests", error, len(self._queues))
             self.dead = True
+            if self.inputs is not None:
+                self.inputs.media.pool.unpin_all()  # nothing will read the handles in flight
             for queue in self._queues.values():
                 queue.put_nowait(error)
             if self._on_engine_dead is not None:
                 self._on_engine_dead()
 
     def _handle_images(self, engine_outputs: EngineCoreOutputs) -> None:
+        self._release_handles(engine_outputs.released_pixel_handles)
         if self.inputs is not None:
             self.inputs.media.mirror.apply(engine_outputs.encoder_cache_changes)
         for request_id, mm_hash in engine_outputs.pixels_needed:
@@ -191,23 +223,37 @@ class AsyncLLM:
             task.add_done_callback(self._suppliers.discard)
 
     async def _supply_pixels(self, request_id: str, mm_hash: str) -> None:
-        """Send the engine the pixels it asked for; a request whose image cannot be had again
-        (its pool failed) is aborted rather than left waiting."""
+        """Send the engine the pixels it asked for (by handle, unless it asked again for them:
+        a handle it could not read); a request whose image cannot be had again (its pool
+        failed) is aborted rather than left waiting."""
         source = self.pixel_sources.get(request_id, mm_hash)
         if source is None:
             return  # the request has finished or was aborted: the engine drops it
         try:
             if self.inputs is None:
                 raise RuntimeError("no input processor to make pixels with")
-            processed = await self.inputs.media.pixels_async(source, mm_hash)
+            media = self.inputs.media
+            processed = await media.pixels_async(source, mm_hash)
             try:
-                await self.client.send_pixels(request_id, mm_hash, processed.pixel_values)
+                answer = media.answer(processed, self.pixel_sources.first_answer(request_id, mm_hash))
+                await self._send_pixels(request_id, mm_hash, answer)
             finally:
                 processed.release()
-            self.inputs.media.mirror.pixels_resent += 1
+            media.mirror.pixels_resent += 1
         except Exception:
             logger.exception("could not supply the pixels of image %s to request %s", mm_hash, request_id)
             await self.client.abort_requests([request_id])
+
+    async def _send_pixels(self, request_id: str, mm_hash: str, pixels: np.ndarray | PixelHandle) -> None:
+        """`_send` for an answer to an ask for pixels."""
+        handles = [pixels.use_id] if isinstance(pixels, PixelHandle) else []
+        try:
+            await self.client.send_pixels(request_id, mm_hash, pixels)
+        except BaseException:
+            self._release_handles(handles)
+            raise
+        if self.dead:
+            self._release_handles(handles)
 
     async def shutdown(self) -> None:
         if self._reader is not None:
@@ -215,3 +261,5 @@ class AsyncLLM:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._reader
         await asyncio.to_thread(self.client.shutdown)
+        if self.inputs is not None:
+            self.inputs.media.pool.unpin_all()  # the engine is gone

@@ -19,7 +19,7 @@ import zmq.asyncio
 from mmserve import protocol
 from mmserve.config import EngineConfig
 from mmserve.engine_process import run_engine_core_process
-from mmserve.protocol import EngineCoreOutputs, EngineRequest
+from mmserve.protocol import EngineCoreOutputs, EngineRequest, PixelHandle
 
 if TYPE_CHECKING:
     from mmserve.core.engine_core import EngineCore
@@ -39,9 +39,11 @@ class InprocCoreClient:
     def abort_requests(self, request_ids: Iterable[str]) -> None:
         self.engine_core.abort_requests(list(request_ids))
 
-    def supply_pixels(self, request_id: str, mm_hash: str, pixel_values: np.ndarray) -> None:
-        """Copied: the caller's array lives in a shared-memory segment it is about to release."""
-        self.engine_core.supply_pixels(request_id, mm_hash, np.array(pixel_values))
+    def supply_pixels(self, request_id: str, mm_hash: str, pixels: np.ndarray | PixelHandle) -> None:
+        """An array is copied: it lives in a shared-memory segment the caller is about to release."""
+        if not isinstance(pixels, PixelHandle):
+            pixels = np.array(pixels)
+        self.engine_core.supply_pixels(request_id, mm_hash, pixels)
 
     def has_work(self) -> bool:
         return self.engine_core.has_work()
@@ -75,6 +77,7 @@ class MPCoreClient:
         self.num_blocks = 0
         self.ready: protocol.EngineReady | None = None  # what the engine reported at READY
         self.dead = False
+        self.pixel_bytes_sent = 0  # bytes of pixel arrays sent as frames (not by handle)
 
     async def start(self, timeout_s: float = 600.0) -> None:
         context = multiprocessing.get_context("spawn")
@@ -103,11 +106,15 @@ class MPCoreClient:
         return self.process is not None and self.process.is_alive()
 
     async def add_request(self, request: EngineRequest) -> None:
-        await self._to_engine.send_multipart(protocol.encode_add(request), copy=False)
+        frames = protocol.encode_add(request)
+        self.pixel_bytes_sent += sum(memoryview(frame).nbytes for frame in frames[2:])
+        await self._to_engine.send_multipart(frames, copy=False)
 
-    async def send_pixels(self, request_id: str, mm_hash: str, pixel_values: np.ndarray) -> None:
-        """Copied into the message (the array's segment is released after this returns)."""
-        await self._to_engine.send_multipart(protocol.encode_pixels(request_id, mm_hash, pixel_values))
+    async def send_pixels(self, request_id: str, mm_hash: str, pixels: np.ndarray | PixelHandle) -> None:
+        """An array is copied into the message (its segment is released after this returns)."""
+        frames = protocol.encode_pixels(request_id, mm_hash, pixels)
+        self.pixel_bytes_sent += sum(memoryview(frame).nbytes for frame in frames[2:])
+        await self._to_engine.send_multipart(frames)
 
     async def abort_requests(self, request_ids: list[str]) -> None:
         if request_ids:

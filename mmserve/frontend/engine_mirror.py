@@ -52,8 +52,10 @@ class EngineMirror:
         self._in_engine: set[str] = set()
         self._lock = threading.Lock()
         self.images_by_hash = 0  # images sent without pixels
-        self.images_with_pixels = 0  # images sent with their pixels
+        self.images_by_handle = 0  # images sent by shared-memory handle: no pixel copy here
+        self.images_with_pixels = 0  # images sent with their pixels (copied into the message)
         self.pixels_resent = 0  # pixels sent because the engine asked (evicted meanwhile)
+        self.pixels_resent_copied = 0  # ... of those, copied into the message, not by handle
 
     def learn(self, mm_hash: str, grid_thw: tuple[int, int, int], num_tokens: int) -> None:
         """The shape of an image the pool processed."""
@@ -92,10 +94,12 @@ class EngineMirror:
 
 
 class PixelSources:
-    """Request id → {mm_hash: where its bytes are}, for the requests in flight. Thread-safe."""
+    """Request id → {mm_hash: where its bytes are}, for the requests in flight, and which of
+    their images the engine was sent pixels for already. Thread-safe."""
 
     def __init__(self) -> None:
         self._sources: dict[str, dict[str, ImageSource]] = {}
+        self._answered: dict[str, set[str]] = {}
         self._lock = threading.Lock()
 
     def add(self, request_id: str, sources: dict[str, ImageSource]) -> None:
@@ -107,10 +111,23 @@ class PixelSources:
         with self._lock:
             return self._sources.get(request_id, {}).get(mm_hash)
 
+    def first_answer(self, request_id: str, mm_hash: str) -> bool:
+        """Whether this is the first time the engine is answered with this image's pixels for
+        this request (it asks again when a handle it was sent could not be read: then the pixels
+        go as an array, so that a reader who cannot use handles is never asked forever)."""
+        with self._lock:
+            if request_id not in self._sources:
+                return True  # finished: the engine drops whatever it is sent
+            answered = self._answered.setdefault(request_id, set())
+            first = mm_hash not in answered
+            answered.add(mm_hash)
+        return first
+
     def forget(self, request_ids: list[str]) -> None:
         with self._lock:
             for request_id in request_ids:
                 self._sources.pop(request_id, None)
+                self._answered.pop(request_id, None)
 
     def __len__(self) -> int:
         return len(self._sources)

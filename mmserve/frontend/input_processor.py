@@ -6,9 +6,10 @@ preprocessed by the pool, the chat template renders one <|image_pad|> per image 
 a video's). The item's mm_hash from the pool keys every cache.
 
 An image the engine already holds (the mirror says so: engine_mirror.py) is hashed and sent by
-hash alone, never preprocessed or copied; every image's source is kept with the prompt, so the
-engine can be sent its pixels should it have evicted it meanwhile. Uploaded files
-(file_store.py) come in by id, with their hash computed at upload.
+hash alone, never preprocessed or copied; any other image's pixels stay in the pool's shared
+memory and go to EngineCore by handle (`ProcessedPrompt.engine_request`). Every image's source
+is kept with the prompt, so the engine can be sent its pixels should it have evicted it
+meanwhile. Uploaded files (file_store.py) come in by id, with their hash computed at upload.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import operator
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 from PIL import Image
@@ -27,7 +28,7 @@ from mmserve.frontend.engine_mirror import ImageSource
 from mmserve.frontend.file_store import FileResolver, StoredImage
 from mmserve.frontend.media import MediaLoader
 from mmserve.frontend.media_processor import MediaProcessor, Processed
-from mmserve.frontend.placeholders import PlaceholderMismatch, expand_placeholders
+from mmserve.frontend.placeholders import PlaceholderMismatch, expand_placeholders, pixel_handle
 from mmserve.frontend.tokenizer import Tokenizer
 from mmserve.frontend.video_inputs import (
     VideoArgumentError,
@@ -39,7 +40,9 @@ from mmserve.frontend.video_inputs import (
 )
 from mmserve.protocol import EngineRequest, MultiModalFeature
 from mmserve.sampling_params import SamplingParams
-from preprocess import PreprocessPool, VideoSource
+from preprocess import PreprocessPool, ProcessedImage, VideoSource
+
+PinPixels = Callable[[ProcessedImage], int]  # PreprocessPool.pin: a use id for one send
 
 
 @dataclass
@@ -49,19 +52,45 @@ class ProcessedPrompt:
     features: list[MultiModalFeature]
     # mm_hash → where the image's bytes are, for as long as the request runs (see engine_mirror)
     sources: dict[str, ImageSource] = field(default_factory=dict)
+    # mm_hash → the pool's image behind the features with a pixel handle, held until the prompt
+    # has been sent (`release_shared`), so that its segment is still there to pin
+    shared: dict[str, ProcessedImage] = field(default_factory=dict)
 
     def engine_request(
-        self, request_id: str, params: SamplingParams, arrival_time: float, priority: int = 0
+        self,
+        request_id: str,
+        params: SamplingParams,
+        arrival_time: float,
+        priority: int = 0,
+        pin: PinPixels | None = None,
     ) -> EngineRequest:
-        """The message that hands this prompt to EngineCore (one per sample when n > 1)."""
+        """The message that hands this prompt to EngineCore (one per sample when n > 1). An image
+        in the pool's shared memory goes by handle, pinned by `pin` for this message alone, or,
+        without `pin`, copied into it; one whose segment the prompt no longer holds goes by hash
+        (the engine asks for its pixels should it need them)."""
         return EngineRequest(
             request_id=request_id,
             prompt_token_ids=self.token_ids,
-            mm_features=self.features,
+            mm_features=[self._to_send(f, pin) for f in self.features],
             sampling_params=params,
             arrival_time=arrival_time,
             priority=priority,
         )
+
+    def release_shared(self) -> None:
+        """The prompt has been sent: let the pool have its segments back (pins hold their own)."""
+        for image in self.shared.values():
+            image.release()
+
+    def _to_send(self, feature: MultiModalFeature, pin: PinPixels | None) -> MultiModalFeature:
+        if feature.pixel_handle is None:
+            return feature
+        image = self.shared.get(feature.mm_hash)
+        if image is None or image.released:
+            return replace(feature, pixel_handle=None, by_hash=True)
+        if pin is None:
+            return replace(feature, pixel_handle=None, pixel_values=np.array(image.pixel_values))
+        return replace(feature, pixel_handle=pixel_handle(image, pin(image)))
 
 
 def _as_list(value) -> list:
@@ -266,20 +295,26 @@ class InputProcessor:
         processed: list[Processed],
         sources: dict[str, ImageSource] | None = None,
     ) -> ProcessedPrompt:
-        """Expand each placeholder to its item's tokens; copy pixels out of shared memory (an
-        image sent by hash has none to copy)."""
+        """Expand each placeholder to its item's tokens. An image's pixels stay in shared memory,
+        held by the prompt until it is sent (a video's are copied out, and its segment let go)."""
         try:
             expanded, features = expand_placeholders(
                 token_ids, processed, self.tokenizer.image_pad_id, self.videos.tokens if self.videos else None
             )
-        except PlaceholderMismatch as e:
-            raise PromptError(str(e), "prompt") from None
-        finally:
+            self._check_length(len(expanded))
+        except BaseException as e:
             for item in processed:
                 item.release()
-        self._check_length(len(expanded))
-        self.media.count_sent(features)
-        return ProcessedPrompt(text, expanded, features, sources or {})
+            if isinstance(e, PlaceholderMismatch):
+                raise PromptError(str(e), "prompt") from None
+            raise
+        shared: dict[str, ProcessedImage] = {}
+        for item in processed:
+            if isinstance(item, ProcessedImage) and item.video_info is None and item.mm_hash not in shared:
+                shared[item.mm_hash] = item
+            else:
+                item.release()
+        return ProcessedPrompt(text, expanded, features, sources or {}, shared)
 
     def _encode(self, text: str, tokenize: Callable[[], list[int]] | None = None) -> list[int]:
         """Token ids of `text` (by `tokenize` if given), refusing at once a text too long to

@@ -1,17 +1,26 @@
 """How a prompt's images and videos become what its features carry: pixels from the pool, or,
 for an image the engine already holds (the mirror, engine_mirror.py), its hash and shape alone,
 with no decode, no preprocessing and no pixel copy. Also where the engine's asks for pixels and
-uploads are processed."""
+uploads are processed, and how pixels reach the engine: by shared-memory handle (the pool pins
+the segment until EngineCore reports the handle released), or copied into the message."""
 
 from __future__ import annotations
 
 import asyncio
+from typing import TYPE_CHECKING
+
+import numpy as np
 
 from mmserve.frontend.engine_mirror import ByHashImage, EngineMirror, ImageSource
 from mmserve.frontend.file_store import StoredImage
-from mmserve.protocol import MultiModalFeature
+from mmserve.frontend.placeholders import pixel_handle
+from mmserve.protocol import EngineRequest, MultiModalFeature, PixelHandle
+from mmserve.sampling_params import SamplingParams
 from preprocess import PreprocessPool, ProcessedImage
 from preprocess import mm_hash as hash_image
+
+if TYPE_CHECKING:
+    from mmserve.frontend.input_processor import ProcessedPrompt
 
 Processed = ProcessedImage | ByHashImage
 
@@ -20,6 +29,39 @@ class MediaProcessor:
     def __init__(self, pool: PreprocessPool) -> None:
         self.pool = pool
         self.mirror = EngineMirror()
+        # Images go to EngineCore by handle; False: their pixels are copied into the messages
+        # (as before handles, kept for comparison and for a reader without access to /dev/shm).
+        self.by_handle = True
+
+    def engine_request(
+        self,
+        prompt: ProcessedPrompt,
+        request_id: str,
+        params: SamplingParams,
+        arrival_time: float,
+        priority: int = 0,
+    ) -> EngineRequest:
+        """`prompt` as one engine request, its images pinned for it (or copied); counted. If the
+        request is not sent after all, `release_handles(handle_ids(request))`."""
+        pin = self.pool.pin if self.by_handle else None
+        request = prompt.engine_request(request_id, params, arrival_time, priority, pin)
+        self.count_sent(request.mm_features)
+        return request
+
+    def answer(self, processed: ProcessedImage, first_answer: bool) -> np.ndarray | PixelHandle:
+        """What answers the engine's ask for `processed`'s pixels: the first time, a handle pinned
+        for it; if the engine asks again (it could not read that handle), the array (in shared
+        memory until `processed` is released: the sender copies it)."""
+        if first_answer and self.by_handle:
+            return pixel_handle(processed, self.pool.pin(processed))
+        self.mirror.pixels_resent_copied += 1
+        return processed.pixel_values
+
+    def release_handles(self, use_ids: list[int]) -> None:
+        """EngineCore has read these handles (EngineCoreOutputs.released_pixel_handles), or they
+        were never sent."""
+        if use_ids:
+            self.pool.unpin(use_ids)
 
     def pixels(self, source: ImageSource, mm_hash: str) -> ProcessedImage:
         """The processed image behind `source` (a prompt's `sources` entry), for the engine's
@@ -93,10 +135,17 @@ class MediaProcessor:
         return processed
 
     def count_sent(self, features: list[MultiModalFeature]) -> None:
-        """Count a prompt's images by how they go to the engine (by hash, or with pixels copied)."""
+        """Count a request's images by how they go to the engine (by hash, by handle, or with
+        pixels copied)."""
         images = [f for f in features if f.modality == "image"]
         self.mirror.images_by_hash += sum(f.by_hash for f in images)
-        self.mirror.images_with_pixels += sum(not f.by_hash for f in images)
+        self.mirror.images_by_handle += sum(f.pixel_handle is not None for f in images)
+        self.mirror.images_with_pixels += sum(f.pixel_values is not None for f in images)
+
+
+def handle_ids(request: EngineRequest) -> list[int]:
+    """The use ids of the pins a request's pixel handles hold."""
+    return [f.pixel_handle.use_id for f in request.mm_features if f.pixel_handle is not None]
 
 
 def _sources(inputs: list, processed: list[Processed]) -> dict[str, ImageSource]:

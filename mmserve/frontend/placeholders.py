@@ -7,11 +7,9 @@ order, each modality on its own, as transformers' processors match them.
 
 from __future__ import annotations
 
-import numpy as np
-
 from mmserve.frontend.engine_mirror import ByHashImage
 from mmserve.frontend.video_inputs import VIDEO_PAD, VideoTokens
-from mmserve.protocol import MultiModalFeature
+from mmserve.protocol import MultiModalFeature, PixelHandle
 from preprocess import ProcessedImage
 
 IMAGE_PAD = "<|image_pad|>"
@@ -27,9 +25,10 @@ def expand_placeholders(
     image_pad_id: int,
     videos: VideoTokens | None,
 ) -> tuple[list[int], list[MultiModalFeature]]:
-    """`processed`: the prompt's images and videos (each modality in prompt order). Pixels are
-    copied out of shared memory into the features (an image sent by hash has none); releasing
-    `processed` is the caller's."""
+    """`processed`: the prompt's images and videos (each modality in prompt order). An image's
+    feature names its pixels in shared memory (`pixel_handle`, not pinned yet: see
+    `ProcessedPrompt.engine_request`) or, sent by hash, has none; a video's pixels are copied
+    out. Releasing `processed` is the caller's."""
     images = [p for p in processed if p.video_info is None]
     clips = [p for p in processed if p.video_info is not None]
     video_pad_id = videos.pad_id if videos is not None else -1
@@ -46,11 +45,16 @@ def expand_placeholders(
         previous = position + 1
         if token == image_pad_id:
             image = next(next_image)
-            by_hash = image.pixel_values is None  # the engine holds it (see engine_mirror)
-            pixels = None if by_hash else np.array(image.pixel_values)
+            by_hash = isinstance(image, ByHashImage)  # the engine holds it (see engine_mirror)
+            handle = None if by_hash else pixel_handle(image)
             features.append(
                 MultiModalFeature(
-                    image.mm_hash, len(expanded), image.num_tokens, image.grid_thw, pixels, by_hash=by_hash
+                    image.mm_hash,
+                    len(expanded),
+                    image.num_tokens,
+                    image.grid_thw,
+                    by_hash=by_hash,
+                    pixel_handle=handle,
                 )
             )
             expanded.extend([image_pad_id] * image.num_tokens)
@@ -60,6 +64,12 @@ def expand_placeholders(
             expanded.extend(tokens)
     expanded.extend(token_ids[previous:])
     return expanded, features
+
+
+def pixel_handle(image: ProcessedImage, use_id: int = 0) -> PixelHandle:
+    """Where `image`'s pixels are, for EngineCore; `use_id` names the pool's pin for one send."""
+    handle = image.handle
+    return PixelHandle(handle.shm_name, tuple(handle.shape), handle.dtype, image.digest, use_id)
 
 
 def _check_count(num_pads: int, num_items: int, pad: str, what: str) -> None:
