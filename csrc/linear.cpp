@@ -31,6 +31,7 @@ using BFloat16 = c10::BFloat16;
 constexpr int64_t kPanel = 16;   // output columns per panel
 constexpr int kMaxTileRows = 6;  // 12 accumulators + weights + broadcast fit AVX2's 16 registers
 constexpr int64_t kChunkRows = 48;
+constexpr int64_t kPrefetchRows = 128;  // 4 KiB ahead of the panel row being read
 constexpr int64_t kDepth = 256;  // K per block: 256 × 16 bfloat16 = 8 KiB of panel
 
 // Where column c (0..15) of a panel lives among its 16 bfloat16 slots.
@@ -76,6 +77,11 @@ void tile(const float* x, int64_t x_stride, const BFloat16* panel, int64_t k_siz
   const __m256i* weights = reinterpret_cast<const __m256i*>(panel);
   int64_t k = 0;
   for (; k + U <= k_size; k += U) {
+    // The weight streams from memory once per call. Measured on a 64 MiB weight (BENCHMARKS.md):
+    // at 2-5 rows a tile the hardware prefetcher alone falls behind (M=8: 9.2-9.7 ms without
+    // this, 6.6-7.1 with it); at 1 row it keeps up; 6-row tiles are compute-bound.
+    if constexpr (R > 1 && R < kMaxTileRows)
+      _mm_prefetch(reinterpret_cast<const char*>(weights + k + kPrefetchRows), _MM_HINT_T0);
 #pragma GCC unroll 4
     for (int u = 0; u < U; ++u) {
       const __m256i w = _mm256_loadu_si256(weights + k + u);
