@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from mmserve.entrypoints.llm import LLM
+from mmserve.layers.packed_weights import weight_bytes as packed_weight_bytes
 from mmserve.sampling_params import SamplingParams
 from mmserve.testing.checkpoints import checkpoint
 
@@ -45,14 +46,16 @@ def stream_bandwidth(num_bytes: int = 1 << 30, rounds: int = 7) -> dict[str, flo
 def weight_bytes(llm: LLM) -> int:
     """Bytes a decode step reads of the weights: the language model's, but its embedding table
     (only the batch's rows are gathered), plus the LM head (the same tensor when tied, then read
-    whole by the head's matmul). The vision tower is idle."""
+    whole by the head's matmul). The vision tower is idle. Packed weights (mmserve.ops.linear)
+    count as held."""
     model = llm.engine_core.executor.runner.model
 
     def size(tensor: torch.Tensor) -> int:
         return tensor.numel() * tensor.element_size()
 
-    language = sum(size(p) for p in model.model.parameters())
-    return language - size(model.model.embed_tokens.weight) + size(model.lm_head.weight)
+    head = model.lm_head  # packed: the head reads its own copy, tied or not
+    head_bytes = size(head.weight) if head.linear_method is None else head.linear_method.weight_bytes
+    return packed_weight_bytes(model.model) - size(model.model.embed_tokens.weight) + head_bytes
 
 
 def decode_steps(llm: LLM, batch: int, context: int, steps: int) -> list[float]:

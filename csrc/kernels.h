@@ -75,6 +75,23 @@ struct MropeArgs {
   std::vector<int64_t> row_of_channel;  // [head_dim / 2], each 0, 1 or 2
 };
 
+// A weight [out_features, in_features] (float32 or bfloat16, rows row_stride apart) packed into
+// bfloat16 panels [ceil(out_features / 16), in_features, 16] (layout: linear.cpp).
+struct PackWeightArgs {
+  const void* weight;
+  Dtype dtype;
+  int64_t row_stride, out_features, in_features;
+  void* packed;
+};
+
+struct PackedLinearArgs {
+  Rows out, x;           // [rows, out_features], [rows, in_features]: head_stride unused
+  const void* weight;    // packed by pack_bf16_weight
+  const void* bias;      // [out_features] or nullptr
+  Dtype bias_dtype;      // any value when bias is nullptr
+  int64_t num_rows, in_features, out_features;
+};
+
 void paged_attention(const PagedAttentionArgs& args);
 void varlen_attention(const VarlenAttentionArgs& args);
 void write_kv(const WriteKvArgs& args);
@@ -82,5 +99,7 @@ void rms_norm(const RmsNormArgs& args);
 void fused_add_rms_norm(const FusedAddRmsNormArgs& args);
 void silu_and_mul(const SiluAndMulArgs& args);
 void mrope(const MropeArgs& args);
+void pack_bf16_weight(const PackWeightArgs& args);
+void packed_linear(const PackedLinearArgs& args);
 
 }  // namespace mmserve

@@ -32,6 +32,15 @@ def num_threads() -> int | None:
     return int(value) if value else None
 
 
+def cpu_linear() -> str:
+    """MMSERVE_CPU_LINEAR: `packed` (default: linear weights repacked after loading for the CPU
+    kernel set's matmul, mmserve.ops.linear) or `torch` (plain weights and F.linear, the reference)."""
+    value = os.environ.get("MMSERVE_CPU_LINEAR", "packed")
+    if value not in ("packed", "torch"):
+        raise ValueError(f"MMSERVE_CPU_LINEAR must be 'packed' or 'torch', got {value!r}")
+    return value
+
+
 def api_key() -> str | None:
     """MMSERVE_API_KEY: the server's API key when --api-key is not given (keeps it out of `ps`)."""
     return os.environ.get("MMSERVE_API_KEY") or None

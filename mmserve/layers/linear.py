@@ -6,7 +6,9 @@ features and sums its partial products over the ranks (one all-reduce), then add
 Fused layers (q/k/v, gate/up) hold, per rank, the rank's slice of each part side by side, so a
 rank's output splits into its own q, k and v exactly as the unsplit layer's does.
 
-On a group of one rank every layer is a plain `F.linear` over the whole weight.
+On a group of one rank every layer is one matmul over the whole weight: `F.linear` as loaded,
+or the method its weight was packed for after loading (`mmserve.layers.packed_weights`); each
+rank packs its own slice.
 """
 
 from __future__ import annotations
@@ -14,15 +16,15 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from mmserve.distributed.parallel_state import TensorParallelGroup, get_tp_group
 from mmserve.distributed.partition import divide, first_kv_head, kv_heads_per_rank
+from mmserve.layers.packed_weights import PacksWeight
 from mmserve.layers.weights import CheckpointTensor, check_shape
 
 
-class _Linear(nn.Module):
+class _Linear(PacksWeight, nn.Module):
     """weight [out_local, in_local] (+ bias [out_local]) on `group`, filled by `weight_loader`."""
 
     def __init__(self, in_local: int, out_local: int, bias: bool, group: TensorParallelGroup | None) -> None:
@@ -52,7 +54,7 @@ class ColumnParallelLinear(_Linear):
         super().__init__(input_size, self.output_per_rank, bias, group)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight, self.bias)
+        return self.matmul(x, self.bias)
 
     def weight_loader(self, param: nn.Parameter, loaded: CheckpointTensor, shard_id=None) -> None:
         check_shape("column-parallel tensor", (self.output_size, *param.shape[1:]), loaded)
@@ -85,7 +87,7 @@ class MergedColumnParallelLinear(_Linear):
         return self.group.rank * self.local_sizes[shard]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight, self.bias)
+        return self.matmul(x, self.bias)
 
     def weight_loader(
         self, param: nn.Parameter, loaded: CheckpointTensor, shard_id: int | None = None
@@ -149,8 +151,8 @@ class RowParallelLinear(_Linear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.group.world_size == 1:
-            return F.linear(x, self.weight, self.bias)
-        y = self.group.all_reduce(F.linear(x, self.weight))
+            return self.matmul(x, self.bias)
+        y = self.group.all_reduce(self.matmul(x))
         return y if self.bias is None else y + self.bias
 
     def weight_loader(self, param: nn.Parameter, loaded: CheckpointTensor, shard_id=None) -> None:

@@ -15,6 +15,7 @@ from torch import nn
 
 from mmserve.distributed.parallel_state import TensorParallelGroup, get_tp_group
 from mmserve.distributed.partition import vocab_per_rank
+from mmserve.layers.packed_weights import PacksWeight
 from mmserve.layers.weights import CheckpointTensor, check_shape
 
 
@@ -47,12 +48,13 @@ class VocabParallelEmbedding(nn.Module):
         param.data[real:].zero_()
 
 
-class ParallelLMHead(VocabParallelEmbedding):
-    """The output projection over the vocabulary (its weight may be the embedding's, tied)."""
+class ParallelLMHead(PacksWeight, VocabParallelEmbedding):
+    """The output projection over the vocabulary (its weight may be the embedding's, tied: then
+    a packed head holds a second, packed copy and the embedding keeps the plain one)."""
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden: [R, hidden] → float32 logits [R, vocab], the same on every rank."""
-        logits = F.linear(hidden, self.weight).float()  # [R, rows_per_rank]
+        logits = self.matmul(hidden).float()  # [R, rows_per_rank]
         if self.group.world_size == 1:
             return logits
         return self.group.all_gather(logits, dim=-1)[:, : self.num_embeddings]  # [R, vocab]

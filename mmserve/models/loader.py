@@ -16,9 +16,11 @@ import torch
 from safetensors import safe_open
 from torch import nn
 
+from mmserve import envs
 from mmserve.config import ModelConfig
 from mmserve.layers.attention import AttentionBackend
 from mmserve.layers.kernel_user import use_kernels
+from mmserve.layers.packed_weights import pack_linear_weights
 from mmserve.layers.weights import CheckpointTensor
 from mmserve.models.registry import model_class
 
@@ -57,12 +59,20 @@ def _default_dtype(dtype: torch.dtype) -> Iterator[None]:
 
 
 def load_model(
-    config: ModelConfig, backend: AttentionBackend, device: torch.device, encoder_data_parallel: bool = False
+    config: ModelConfig,
+    backend: AttentionBackend,
+    device: torch.device,
+    encoder_data_parallel: bool = False,
+    compiled_language_model: bool = False,
 ) -> nn.Module:
     """Instantiate the architecture (this rank's shard of it) on `device` directly in
     `config.dtype` (parameters are born in their final dtype, so loading peaks at the model's
     size, not twice it), fill it from the folder, and give its layers the backend's kernel set.
-    `encoder_data_parallel`: the vision tower whole on every rank instead of split."""
+    `encoder_data_parallel`: the vision tower whole on every rank instead of split.
+
+    Then, weights loaded, each linear layer's weight is packed for the kernel set's matmul where
+    it has one (on CPU; MMSERVE_CPU_LINEAR=torch keeps F.linear). `compiled_language_model`:
+    the language model is to be traced by torch.compile, so its layers keep plain weights."""
     cls = model_class(config.architecture, config.family)
     with torch.device(device), _default_dtype(config.dtype):
         model = cls(config, backend, encoder_data_parallel)
@@ -73,4 +83,6 @@ def load_model(
             if buf.is_floating_point():
                 setattr(module, name, buf.float())
     use_kernels(model, backend.kernels)
+    pack = backend.kernels.pack_linear if envs.cpu_linear() == "packed" else None
+    pack_linear_weights(model, pack, keep_plain=model.model if compiled_language_model else None)
     return model.eval()

@@ -14,7 +14,6 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from mmserve.config import ModelConfig, VisionConfig
@@ -23,6 +22,7 @@ from mmserve.layers.activation import get_activation
 from mmserve.layers.attention import AttentionBackend, AttentionMetadata
 from mmserve.layers.kernel_user import UsesKernels
 from mmserve.layers.linear import ColumnParallelLinear, QKVParallelLinear, RowParallelLinear
+from mmserve.layers.packed_weights import PatchProjection
 from mmserve.layers.rotary import VisionRotaryEmbedding, apply_vision_rotary, vision_patch_positions
 from mmserve.layers.vocab_embedding import ParallelLMHead
 from mmserve.layers.weights import CheckpointTensor, load_parameter
@@ -38,12 +38,10 @@ class PatchEmbed(nn.Module):
     def __init__(self, vision: VisionConfig) -> None:
         super().__init__()
         kernel = (vision.temporal_patch_size, vision.patch_size, vision.patch_size)
-        self.proj = nn.Module()
-        self.proj.weight = nn.Parameter(torch.empty(vision.dim, vision.in_channels, *kernel))
+        self.proj = PatchProjection(vision.dim, vision.in_channels, kernel, bias=False)
 
     def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
-        weight = self.proj.weight.flatten(1)  # [dim, C·T·P·P]
-        return F.linear(pixel_values.to(weight.dtype), weight)
+        return self.proj(pixel_values)  # [patches, dim]
 
 
 class VisionAttention(UsesKernels, nn.Module):

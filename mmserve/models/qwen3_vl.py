@@ -24,6 +24,7 @@ from mmserve.distributed.parallel_state import TensorParallelGroup
 from mmserve.layers.activation import get_activation
 from mmserve.layers.attention import AttentionBackend, AttentionMetadata
 from mmserve.layers.linear import ColumnParallelLinear, RowParallelLinear
+from mmserve.layers.packed_weights import PatchProjection
 from mmserve.layers.rotary import VisionRotaryEmbedding, vision_patch_positions
 from mmserve.models.qwen2_vl import Grid, Qwen2VLForConditionalGeneration, VisionBlock, image_cu_seqlens
 from mmserve.models.qwen3 import Qwen3Model
@@ -35,13 +36,10 @@ class Qwen3PatchEmbed(nn.Module):
     def __init__(self, vision: VisionConfig) -> None:
         super().__init__()
         kernel = (vision.temporal_patch_size, vision.patch_size, vision.patch_size)
-        self.proj = nn.Module()
-        self.proj.weight = nn.Parameter(torch.empty(vision.dim, vision.in_channels, *kernel))
-        self.proj.bias = nn.Parameter(torch.empty(vision.dim))
+        self.proj = PatchProjection(vision.dim, vision.in_channels, kernel, bias=True)
 
     def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
-        weight = self.proj.weight.flatten(1)  # [dim, C·T·P·P]
-        return nn.functional.linear(pixel_values.to(weight.dtype), weight, self.proj.bias)
+        return self.proj(pixel_values)  # [patches, dim]
 
 
 class Qwen3VisionMLP(nn.Module):

@@ -44,7 +44,7 @@ def encode_data_parallel(
     shares = deal_items(patches, group.world_size)
     rows = [[patches[i] // merge_unit for i in share] for share in shares]
     mine = shares[group.rank]
-    width, dtype = tower.output_width, tower.patch_embed.proj.weight.dtype
+    width, dtype = tower.output_width, tower.patch_embed.proj.weight_dtype
     longest = max(sum(r) for r in rows)
     padded = torch.zeros(longest, width, dtype=dtype, device=pixel_values.device)  # [longest, width]
     if mine:

@@ -19,6 +19,8 @@ __all__ = [
     "fused_add_rms_norm",
     "is_available",
     "mrope",
+    "pack_bf16_weight",
+    "packed_linear",
     "paged_attention",
     "rms_norm",
     "silu_and_mul",
@@ -110,3 +112,28 @@ def mrope(
     """M-RoPE in place on query and key; returns them, equal to the reference's new tensors."""
     ops().mrope.default(query, key, positions, cos_cache, sin_cache, row_of_channel)
     return query, key
+
+
+PANEL_COLUMNS = 16  # output columns per panel of a packed weight (csrc/linear.cpp)
+
+
+def pack_bf16_weight(weight: torch.Tensor) -> torch.Tensor:
+    """weight: [N, K] float32 or bfloat16 → bfloat16 panels [ceil(N / 16), K, 16] for
+    `packed_linear` (float32 weights are rounded to bfloat16)."""
+    out_features, in_features = weight.shape
+    panels = -(-out_features // PANEL_COLUMNS)
+    packed = torch.empty(panels, in_features, PANEL_COLUMNS, dtype=torch.bfloat16)  # [P, K, 16]
+    ops().pack_bf16_weight.default(packed, weight)
+    return packed
+
+
+def packed_linear(
+    x: torch.Tensor,  # [M, K] float32 or bfloat16, rows may be strided
+    packed: torch.Tensor,  # from pack_bf16_weight
+    bias: torch.Tensor | None,  # [N]
+    out_features: int,
+) -> torch.Tensor:  # [M, N] in x's dtype
+    """`reference.linear` with the weight that was packed: float32 accumulation, one rounding."""
+    out = torch.empty(x.shape[0], out_features, dtype=x.dtype)  # [M, N]
+    ops().packed_linear.default(out, x, packed, bias)
+    return out

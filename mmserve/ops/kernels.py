@@ -4,7 +4,9 @@ A `Kernels` bundles one implementation of every op the layers call. Contracts ar
 `mmserve.ops.reference`, loosened in one way the layers rely on: `fused_add_rms_norm` and
 `mrope` may work in place (their inputs must not be read again by the caller) and return the
 results. Paged attention itself is the attention backend's business (`mmserve.layers.attention`);
-the kernel sets carry everything else, vision attention included.
+the kernel sets carry everything else, vision attention included. `pack_linear`, where a set
+has one, repacks each linear layer's weight once after loading (`mmserve.ops.linear`); without
+it the layers keep their plain weights and `F.linear`.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from itertools import pairwise
 import torch
 
 from mmserve.ops import reference
+from mmserve.ops.linear import LinearMethod, pack_cpu_linear
 from mmserve.ops.sdpa import varlen_attention_sdpa
 
 
@@ -28,6 +31,7 @@ class Kernels:
     silu_and_mul: Callable[[torch.Tensor], torch.Tensor]
     mrope: Callable[..., tuple[torch.Tensor, torch.Tensor]]
     varlen_attention: Callable[..., torch.Tensor]
+    pack_linear: Callable[[torch.Tensor], LinearMethod] | None = None
 
 
 TORCH_KERNELS = Kernels(
@@ -66,6 +70,7 @@ def cpu_kernels() -> Kernels:
         silu_and_mul=cpu.silu_and_mul,
         mrope=cpu.mrope,
         varlen_attention=varlen_attention,
+        pack_linear=pack_cpu_linear,
     )
 
 

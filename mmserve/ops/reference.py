@@ -133,3 +133,10 @@ def mrope(
         return x * c + rotate_half(x) * s
 
     return rotate(query), rotate(key)
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x: [M, K], weight: [N, K], bias: [N] → x Wᵀ + b: [M, N] in x's dtype, accumulated in
+    float32 and rounded once (what a bfloat16 GEMM with float32 accumulation returns)."""
+    out = F.linear(x.float(), weight.float(), None if bias is None else bias.float())  # [M, N]
+    return out.to(x.dtype)

@@ -57,8 +57,9 @@ class ModelRunner:
         self.attention_backend = get_attention_backend(
             execution_config.attention_backend, device, model_config.dtype, self.block_size
         )
-        self.model = load_model(model_config, self.attention_backend, device, encoder_data_parallel)
-        if not execution_config.enforce_eager and execution_config.compilation.compiles(device):
+        compiled = not execution_config.enforce_eager and execution_config.compilation.compiles(device)
+        self.model = load_model(model_config, self.attention_backend, device, encoder_data_parallel, compiled)
+        if compiled:
             compile_language_model(self.model, execution_config.compilation)
         self.graph_sizes = graph_sizes(
             execution_config, scheduler_config.max_num_seqs, self.attention_backend, device

@@ -18,6 +18,7 @@ from mmserve import envs
 from mmserve.config import CacheConfig, ExecutionConfig, ModelConfig, ParallelConfig, SchedulerConfig
 from mmserve.core.sched_output import ModelRunnerOutput, SchedulerOutput
 from mmserve.distributed.parallel_state import DistributedInit, get_tp_group, init_tensor_parallel
+from mmserve.layers.packed_weights import weight_bytes
 from mmserve.worker.model_runner import ModelRunner
 
 logger = logging.getLogger("mmserve.worker")
@@ -120,7 +121,7 @@ class Worker:
             "rank": self.rank,
             "num_kv_heads": self.runner.num_kv_heads,
             "kv_cache_bytes": sum(t.numel() * t.element_size() for t in self.runner.kv_caches),
-            "parameter_bytes": sum(p.numel() * p.element_size() for p in self.runner.model.parameters()),
+            "parameter_bytes": weight_bytes(self.runner.model),
             "collective_calls": dict(group.stats.calls),
             "collective_bytes": dict(group.stats.bytes),
         }

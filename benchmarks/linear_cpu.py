@@ -1,0 +1,92 @@
+"""One linear layer on the CPU, every method at every M: what `mmserve.ops.linear` chooses from.
+
+Run from the repository root:
+
+    .venv/bin/python -m benchmarks.linear_cpu [--shape 768 3072] [--rows 1 8 32 512] [--json PATH]
+
+For weight [N, K] (default K=768, N=3072: a mid-size MLP projection) and each row count M, the
+candidates run interleaved round by round in one process (a neighbour's burst hits all alike);
+the median ms and GFLOP/s are printed. float32: MKL's `F.linear` and oneDNN's prepacked matmul;
+bfloat16: `F.linear`, csrc's packed bf16 kernel, and the weight converted to float32 per call
+then oneDNN float32 (what large M could do instead).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+
+from mmserve.ops import linear
+
+DEFAULT_ROWS = [1, 2, 4, 8, 12, 16, 32, 64, 128, 256, 512, 1024, 2048]
+
+
+def candidates(weight32: torch.Tensor, x32: torch.Tensor) -> dict[str, Callable[[], torch.Tensor]]:
+    weight16, x16 = weight32.bfloat16(), x32.bfloat16()
+    found: dict[str, Callable[[], torch.Tensor]] = {"fp32 F.linear": lambda: F.linear(x32, weight32)}
+    if linear.onednn_supports(torch.float32):
+        onednn = linear.OneDnnLinear(weight32)
+        found["fp32 oneDNN packed"] = lambda: onednn(x32)
+    found["bf16 F.linear"] = lambda: F.linear(x16, weight16)
+    packed = linear.PackedBf16Linear(weight16)
+    found["bf16 packed kernel"] = lambda: packed(x16)
+
+    def via_float32() -> torch.Tensor:
+        return F.linear(x16.float(), weight16.float()).bfloat16()
+
+    found["bf16 via fp32 weight"] = via_float32
+    return found
+
+
+def time_ms(fn: Callable[[], torch.Tensor], budget_s: float) -> float:
+    fn()
+    start, calls = time.perf_counter(), 0
+    while calls < 3 or time.perf_counter() - start < budget_s:
+        fn()
+        calls += 1
+    return 1e3 * (time.perf_counter() - start) / calls
+
+
+def measure(in_features: int, out_features: int, rows: int, rounds: int) -> dict[str, float]:
+    torch.manual_seed(rows)
+    weight, x = torch.randn(out_features, in_features), torch.randn(rows, in_features)
+    fns = candidates(weight, x)
+    if rows > 256:  # bf16 F.linear runs at ~10 GFLOP/s here: seconds per call at large M
+        fns.pop("bf16 F.linear")
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            times[name].append(time_ms(fn, budget_s=0.05))
+    return {name: statistics.median(ms) for name, ms in times.items()}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--shape", type=int, nargs=2, default=[768, 3072], metavar=("K", "N"))
+    parser.add_argument("--rows", type=int, nargs="+", default=DEFAULT_ROWS)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--json", default="")
+    args = parser.parse_args()
+    in_features, out_features = args.shape
+    print(f"K={in_features} N={out_features} threads={torch.get_num_threads()} load={os.getloadavg()[0]:.2f}")
+    results = []
+    for rows in args.rows:
+        medians = measure(in_features, out_features, rows, args.rounds)
+        flops = 2 * rows * in_features * out_features
+        cells = [f"{name} {ms:.3f} ms ({flops / ms / 1e6:.0f} GF/s)" for name, ms in medians.items()]
+        print(f"M={rows:>5}: " + "; ".join(cells), flush=True)
+        results.append({"rows": rows, "ms": medians})
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"K": in_features, "N": out_features, "results": results}, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()

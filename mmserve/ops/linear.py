@@ -1,0 +1,114 @@
+"""Linear-layer methods on the CPU: a weight packed once, after loading, into the layout the
+fastest matmul here reads, and the call that reads it.
+
+`pack_cpu_linear` chooses once per weight, by dtype (figures: BENCHMARKS.md, "CPU linear layers"):
+- float32: oneDNN's prepacked weight (`torch.ops.mkldnn`, as vLLM's CPU backend uses oneDNN),
+  faster than MKL's sgemm at every M measured (1–2048) on an AVX2 AMD EPYC, so the only copy;
+- bfloat16 where oneDNN computes in bfloat16 (AVX512-BF16, AMX, AVX-NE-CONVERT): the same;
+- bfloat16 elsewhere (AVX2 + FMA): csrc's `packed_linear`, bfloat16 panels accumulated in
+  float32, half the bytes of a float32 weight where a step is memory-bound;
+- anything else: the plain weight and `F.linear`, the reference.
+"""
+
+from __future__ import annotations
+
+import logging
+from abc import ABC, abstractmethod
+from functools import cache
+
+import torch
+import torch.nn.functional as F
+
+logger = logging.getLogger("mmserve.ops")
+
+
+class LinearMethod(ABC):
+    """y = x Wᵀ (+ b) for one weight W [out_features, in_features] that the method holds."""
+
+    def __init__(self, weight: torch.Tensor) -> None:
+        self.out_features, self.in_features = weight.shape
+        self.dtype = weight.dtype
+
+    @abstractmethod
+    def __call__(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        """x: [..., in_features] in the weight's dtype → [..., out_features]."""
+
+    @property
+    @abstractmethod
+    def weight_bytes(self) -> int:
+        """Bytes of the weight as held (what a step reads)."""
+
+
+class PlainLinear(LinearMethod):
+    """`F.linear` over the weight as loaded: the reference, on any device."""
+
+    def __init__(self, weight: torch.Tensor) -> None:
+        super().__init__(weight)
+        self.weight = weight
+
+    def __call__(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        return F.linear(x, self.weight, bias)
+
+    @property
+    def weight_bytes(self) -> int:
+        return self.weight.numel() * self.weight.element_size()
+
+
+class OneDnnLinear(LinearMethod):
+    """oneDNN's matmul over its own blocked copy of the weight (an opaque mkldnn tensor)."""
+
+    def __init__(self, weight: torch.Tensor) -> None:
+        super().__init__(weight)
+        self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), None)
+
+    def __call__(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        return torch.ops.mkldnn._linear_pointwise.default(x, self.packed, bias, "none", [], "")
+
+    @property
+    def weight_bytes(self) -> int:
+        return self.out_features * self.in_features * self.dtype.itemsize
+
+
+class PackedBf16Linear(LinearMethod):
+    """csrc's `packed_linear` over bfloat16 panels of the weight (mmserve.ops.cpu)."""
+
+    def __init__(self, weight: torch.Tensor) -> None:
+        from mmserve.ops import cpu
+
+        super().__init__(weight)
+        self._cpu = cpu
+        self.packed = cpu.pack_bf16_weight(weight.detach())  # [ceil(N / 16), K, 16] bfloat16
+
+    def __call__(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        rows = x.reshape(-1, self.in_features)  # [M, K]
+        out = self._cpu.packed_linear(rows, self.packed, bias, self.out_features)  # [M, N]
+        return out.view(*x.shape[:-1], self.out_features)
+
+    @property
+    def weight_bytes(self) -> int:
+        return self.packed.numel() * self.packed.element_size()
+
+
+@cache
+def onednn_supports(dtype: torch.dtype) -> bool:
+    """Whether oneDNN's packed matmul runs for `dtype` on this CPU: tried once on a tiny weight
+    (its bfloat16 path refuses CPUs without bfloat16 instructions at the first call)."""
+    if not torch.backends.mkldnn.is_available():
+        return False
+    weight = torch.ones(8, 8, dtype=dtype)
+    try:
+        out = OneDnnLinear(weight)(torch.ones(1, 8, dtype=dtype))
+    except RuntimeError as error:
+        logger.info("oneDNN has no %s matmul here: %s", dtype, str(error).splitlines()[0])
+        return False
+    return bool((out == 8).all())
+
+
+def pack_cpu_linear(weight: torch.Tensor) -> LinearMethod:
+    """The fastest method for `weight` [out_features, in_features] on this CPU (module docstring);
+    it holds its own copy of the weight, so the caller may drop the plain one."""
+    if weight.dtype in (torch.float32, torch.bfloat16) and onednn_supports(weight.dtype):
+        return OneDnnLinear(weight)
+    if weight.dtype == torch.bfloat16:
+        return PackedBf16Linear(weight)
+    return PlainLinear(weight)

@@ -1,0 +1,88 @@
+"""The CPU linear methods against mmserve.ops.reference: the C++ kernel over bfloat16 panels
+(every tile height, panel tails, strided rows, bias or none, both input dtypes) and oneDNN's
+packed float32 matmul, and the choice between them."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from mmserve.ops import cpu, linear, reference
+
+# 1-6 rows are one tile each; 7, 8, 13 split into smaller tiles; 49 and 100 cross a row chunk.
+ROWS = [1, 2, 3, 4, 5, 6, 7, 8, 13, 49, 100]
+
+
+def strided_rows(rows: int, width: int, dtype: torch.dtype, seed: int) -> torch.Tensor:
+    """[rows, width] with a row stride of width + 5, as a slice of a wider activation is."""
+    generator = torch.Generator().manual_seed(seed)
+    return torch.randn(rows, width + 5, generator=generator).to(dtype)[:, :width]
+
+
+def bf16_tolerance(in_features: int) -> dict[str, float]:
+    """One rounding to bfloat16 of float32 sums taken in another order: an ulp apart at most."""
+    return {"rtol": 2**-7, "atol": 1e-5 * in_features}
+
+
+@pytest.mark.parametrize("rows", ROWS)
+@pytest.mark.parametrize(("out_features", "in_features"), [(1, 1), (16, 7), (17, 64), (40, 129)])
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_packed_linear_matches_reference_in_bfloat16(rows, out_features, in_features, with_bias):
+    x = strided_rows(rows, in_features, torch.bfloat16, seed=rows)
+    weight = torch.randn(out_features, in_features, generator=torch.Generator().manual_seed(7)).bfloat16()
+    bias = torch.randn(out_features).bfloat16() if with_bias else None
+    got = cpu.packed_linear(x, cpu.pack_bf16_weight(weight), bias, out_features)
+    want = reference.linear(x, weight, bias)
+    assert got.dtype == torch.bfloat16 and got.shape == (rows, out_features)
+    torch.testing.assert_close(got, want, **bf16_tolerance(in_features))
+
+
+@pytest.mark.parametrize("rows", [1, 6, 49])
+def test_packed_linear_with_float32_rows_rounds_only_the_weight(rows):
+    """float32 activations over a float32 weight: the packing rounds the weight to bfloat16,
+    the sums stay float32 (to float32 accuracy against the rounded weight)."""
+    x = strided_rows(rows, 96, torch.float32, seed=3)
+    weight, bias = torch.randn(33, 96), torch.randn(33)
+    got = cpu.packed_linear(x, cpu.pack_bf16_weight(weight), bias, 33)
+    want = reference.linear(x, weight.bfloat16().float(), bias)
+    assert got.dtype == torch.float32
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-4)
+
+
+def test_packed_linear_rejects_a_weight_packed_for_another_shape():
+    packed = cpu.pack_bf16_weight(torch.randn(32, 8).bfloat16())
+    with pytest.raises(RuntimeError, match="packed weight must be"):
+        cpu.packed_linear(torch.randn(2, 9).bfloat16(), packed, None, 32)
+    with pytest.raises(RuntimeError, match="packed weight must be"):
+        cpu.packed_linear(torch.randn(2, 8).bfloat16(), packed, None, 40)
+
+
+def test_packed_bf16_method_keeps_leading_dimensions():
+    weight = torch.randn(24, 32).bfloat16()
+    method = linear.PackedBf16Linear(weight)
+    x = torch.randn(2, 3, 32).bfloat16()  # [batch, tokens, in]
+    got = method(x)
+    assert got.shape == (2, 3, 24)
+    want = reference.linear(x.view(6, 32), weight).view(2, 3, 24)
+    torch.testing.assert_close(got, want, **bf16_tolerance(32))
+    assert method.weight_bytes == 2 * 32 * 32  # 24 columns padded to two panels of 16
+
+
+@pytest.mark.skipif(not linear.onednn_supports(torch.float32), reason="oneDNN is not in this torch")
+@pytest.mark.parametrize("rows", [1, 5, 64])
+def test_onednn_method_matches_f_linear_in_float32(rows):
+    weight, bias = torch.randn(48, 80), torch.randn(48)
+    method = linear.OneDnnLinear(weight)
+    x = strided_rows(rows, 80, torch.float32, seed=rows)
+    torch.testing.assert_close(method(x, bias), F.linear(x, weight, bias), rtol=1e-5, atol=1e-5)
+    assert method(x).shape == (rows, 48)
+
+
+def test_pack_cpu_linear_chooses_by_dtype():
+    assert isinstance(linear.pack_cpu_linear(torch.randn(8, 8, dtype=torch.float64)), linear.PlainLinear)
+    fp32 = linear.pack_cpu_linear(torch.randn(8, 8))
+    bf16 = linear.pack_cpu_linear(torch.randn(8, 8).bfloat16())
+    onednn_fp32, onednn_bf16 = linear.onednn_supports(torch.float32), linear.onednn_supports(torch.bfloat16)
+    assert isinstance(fp32, linear.OneDnnLinear if onednn_fp32 else linear.PlainLinear)
+    assert isinstance(bf16, linear.OneDnnLinear if onednn_bf16 else linear.PackedBf16Linear)
