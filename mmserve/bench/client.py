@@ -7,6 +7,7 @@ as a token arrival (the first one is TTFT); the usage event gives the token coun
 
 from __future__ import annotations
 
+import base64
 import json
 import time
 from dataclasses import dataclass
@@ -42,19 +43,38 @@ def chat_body(model: str, messages: list[dict], output_len: int, ignore_eos: boo
     return body
 
 
+async def upload_image(client: httpx.AsyncClient, endpoint: Endpoint, data_url: str) -> str:
+    """Upload a data-URL image to the server's /v1/files (purpose "vision"); its file id.
+    Raises httpx.HTTPStatusError when the server refuses it (or has no Files API)."""
+    header, _, encoded = data_url.partition(",")
+    mime = header.removeprefix("data:").split(";")[0] or "application/octet-stream"
+    headers = {"Authorization": f"Bearer {endpoint.api_key}"} if endpoint.api_key else {}
+    response = await client.post(
+        endpoint.base_url.rstrip("/") + "/v1/files",
+        files={"file": ("image", base64.b64decode(encoded), mime)},
+        data={"purpose": "vision"},
+        headers=headers,
+    )
+    response.raise_for_status()
+    return response.json()["id"]
+
+
 async def send_chat(
     client: httpx.AsyncClient, endpoint: Endpoint, body: dict, turn: int = 0
 ) -> RequestResult:
     """Send one streaming request; never raises for HTTP or protocol errors (they are recorded)."""
-    headers = {"Authorization": f"Bearer {endpoint.api_key}"} if endpoint.api_key else {}
-    result = RequestResult(success=False, turn=turn)
+    headers = {"Content-Type": "application/json"}
+    if endpoint.api_key:
+        headers["Authorization"] = f"Bearer {endpoint.api_key}"
+    payload_bytes = json.dumps(body).encode()
+    result = RequestResult(success=False, turn=turn, request_bytes=len(payload_bytes))
     chunks_with_content = 0
     text: list[str] = []
     start = time.perf_counter()
     result.start_time = start
     last = start
     try:
-        async with client.stream("POST", endpoint.url, json=body, headers=headers) as response:
+        async with client.stream("POST", endpoint.url, content=payload_bytes, headers=headers) as response:
             if response.status_code != 200:
                 result.error = f"HTTP {response.status_code}: {(await response.aread())[:300]!r}"
                 return result

@@ -34,6 +34,7 @@ class RequestResult:
     generated_text: str = ""
     error: str = ""
     turn: int = 0  # 0-based turn index in --multi-turn mode, 0 otherwise
+    request_bytes: int = 0  # size of the JSON body sent
 
 
 @dataclass
@@ -130,6 +131,13 @@ def compute_metrics(
         itl=Distribution.of([gap for r in ok for gap in r.itl_s], percentiles),
         e2el=Distribution.of([r.latency_s for r in ok], percentiles),
     )
+
+
+def request_bytes_by_turn(results: list[RequestResult]) -> dict[int, float]:
+    """Median request body size of successful requests by turn index (multi-turn mode)."""
+    ok = [r for r in results if r.success]
+    turns = sorted({r.turn for r in ok})
+    return {t: float(np.median([r.request_bytes for r in ok if r.turn == t])) for t in turns}
 
 
 def ttft_by_turn(results: list[RequestResult], percentiles: list[float]) -> dict[int, Distribution]:

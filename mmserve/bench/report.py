@@ -82,6 +82,12 @@ def format_turn_report(by_turn: dict[int, Distribution]) -> str:
     return "\n".join(lines)
 
 
+def format_bytes_report(by_turn: dict[int, float]) -> str:
+    """Median request body size per turn index (1-based in the text) for --multi-turn."""
+    cells = ", ".join(f"turn {turn + 1}: {size:.0f}" for turn, size in by_turn.items())
+    return f"Median request bytes by turn: {cells}"
+
+
 def metrics_json(m: BenchmarkMetrics) -> dict:
     """vLLM's result-file key names (mean_ttft_ms, p99_itl_ms, ...) plus our extras."""
     out = {

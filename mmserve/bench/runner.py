@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import httpx
 import numpy as np
 
-from mmserve.bench.client import Endpoint, chat_body, send_chat
+from mmserve.bench.client import Endpoint, chat_body, send_chat, upload_image
 from mmserve.bench.metrics import RequestResult
 from mmserve.bench.workload import Conversation, SingleTurn
 
@@ -32,6 +32,7 @@ class LoadShape:
     ignore_eos: bool = False
     seed: int = 0
     video_options: dict | None = None  # mm_processor_kwargs of requests with a video
+    image_refs: str = "data-url"  # multi-turn: "file" uploads each image once, then sends its id
 
 
 def arrival_offsets_s(num: int, rate: float, burstiness: float, seed: int) -> np.ndarray:
@@ -135,8 +136,9 @@ async def run_multi_turn(
     quiet: bool = False,
 ) -> tuple[list[RequestResult], float]:
     """Send the `warmups`, then play each conversation turn by turn: every turn waits for the
-    previous answer and resends the whole history, every earlier image included. A failed turn
-    ends its conversation."""
+    previous answer and resends the whole history, every earlier image included (as a data URL,
+    or with `shape.image_refs == "file"` as the id of a file uploaded when the conversation
+    starts, untimed). A failed turn ends its conversation."""
     if warmups:
         await run_single_turn(endpoint, list(warmups), _unpaced(shape), quiet=True)
     async with _client(shape) as client:
@@ -146,8 +148,14 @@ async def run_multi_turn(
             async def run() -> list[RequestResult]:
                 history: list[dict] = []
                 results = []
+                file_ids = None
+                if shape.image_refs == "file":
+                    try:
+                        file_ids = [await upload_image(client, endpoint, url) for url in conv.image_urls]
+                    except httpx.HTTPError as e:
+                        return [RequestResult(success=False, error=f"image upload failed: {e}")]
                 for turn in range(len(conv.user_texts)):
-                    history.append(conv.message(turn))
+                    history.append(conv.message(turn, file_ids))
                     body = chat_body(endpoint.model, history, shape.output_len, shape.ignore_eos)
                     if conv.video_urls and shape.video_options:
                         body["mm_processor_kwargs"] = shape.video_options

@@ -21,8 +21,14 @@ import httpx
 
 from mmserve.bench.client import Endpoint
 from mmserve.bench.dataset import HF_NAME, load_conversations
-from mmserve.bench.metrics import compute_metrics, ttft_by_turn
-from mmserve.bench.report import distribution_json, format_report, format_turn_report, metrics_json
+from mmserve.bench.metrics import compute_metrics, request_bytes_by_turn, ttft_by_turn
+from mmserve.bench.report import (
+    distribution_json,
+    format_bytes_report,
+    format_report,
+    format_turn_report,
+    metrics_json,
+)
 from mmserve.bench.runner import LoadShape, run_multi_turn, run_single_turn
 from mmserve.bench.workload import sample_conversations, sample_single_turn
 
@@ -61,6 +67,13 @@ def add_bench_serve_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--percentiles", type=_rates, default=[50.0, 90.0, 99.0], help="e.g. 50,90,99")
     p.add_argument("--multi-turn", action="store_true", help="Play whole conversations, history resent.")
+    p.add_argument(
+        "--image-refs",
+        choices=("data-url", "file"),
+        default="data-url",
+        help="--multi-turn: resend images as data URLs (as chat UIs do), or upload each once to "
+        "/v1/files when its conversation starts and refer to it by id.",
+    )
     p.add_argument(
         "--video-num-frames",
         type=int,
@@ -115,6 +128,7 @@ def benchmark(args: argparse.Namespace, endpoint: Endpoint, dataset=None, skip_r
             args.ignore_eos,
             args.seed,
             video_options,
+            args.image_refs,
         )
         run = run_multi_turn if args.multi_turn else run_single_turn
         load_before = os.getloadavg()[0]
@@ -126,6 +140,9 @@ def benchmark(args: argparse.Namespace, endpoint: Endpoint, dataset=None, skip_r
             by_turn = ttft_by_turn(results, args.percentiles)
             print(format_turn_report(by_turn))
             entry["ttft_by_turn"] = {str(t + 1): distribution_json(d) for t, d in by_turn.items()}
+            bytes_by_turn = request_bytes_by_turn(results)
+            print(format_bytes_report(bytes_by_turn))
+            entry["request_bytes_by_turn"] = {str(t + 1): b for t, b in bytes_by_turn.items()}
         errors = sorted({r.error for r in results if not r.success})
         if errors:
             print(f"errors ({len(errors)} distinct): {errors[:3]}", file=sys.stderr)
@@ -143,6 +160,7 @@ def benchmark(args: argparse.Namespace, endpoint: Endpoint, dataset=None, skip_r
         "max_concurrency": args.max_concurrency,
         "burstiness": args.burstiness,
         "multi_turn": args.multi_turn,
+        "image_refs": args.image_refs,
         "seed": args.seed,
         "machine": machine_facts(),
         "runs": runs,
@@ -177,6 +195,8 @@ def _hub_reachable(timeout_s: float = 3.0) -> bool:
 
 def run_bench_serve(args: argparse.Namespace) -> int:
     problem = dataset_problem(args.dataset_path)
+    if args.image_refs == "file" and not args.multi_turn:
+        problem = "--image-refs file needs --multi-turn (images are uploaded once per conversation)"
     if problem:
         print(f"mmserve bench serve: {problem}", file=sys.stderr)
         return 2

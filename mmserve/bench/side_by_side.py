@@ -37,6 +37,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("model_dir")
     p.add_argument("--peer", action="append", type=Peer.parse, required=True, help="NAME=KIND[:ARGS]")
     p.add_argument("--rounds", type=int, default=1, help="Measured runs per peer; the median is reported.")
+    p.add_argument(
+        "--files-peer",
+        action="append",
+        default=[],
+        help="With --multi-turn: peers (by NAME) whose conversations upload their images once to "
+        "/v1/files and refer to them by id (--image-refs file); the others send data URLs.",
+    )
     p.add_argument("--title", default="", help="Heading of the markdown section.")
     p.add_argument("--markdown", default=None, help="Write the tables here.")
     p.add_argument("--json", default=None, help="Write every run's full result here.")
@@ -51,7 +58,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="Load generator: mmserve bench serve (in this process) or vLLM's `vllm bench serve`.",
     )
     add_bench_serve_arguments(p)
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    unknown = set(args.files_peer) - {peer.name for peer in args.peer}
+    if unknown:
+        p.error(f"--files-peer names no --peer: {', '.join(sorted(unknown))}")
+    if args.files_peer and not (args.multi_turn and args.client == "mmserve"):
+        p.error("--files-peer needs --multi-turn and --client mmserve (vLLM's client has no file references)")
+    if args.image_refs != "data-url":
+        p.error("--image-refs is chosen per peer here: name the peers with --files-peer")
+    return args
 
 
 def run_peer(peer: Peer, args: argparse.Namespace, dataset) -> dict:
@@ -64,6 +79,7 @@ def run_peer(peer: Peer, args: argparse.Namespace, dataset) -> dict:
         server.wait_healthy(args.startup_timeout)
         bench_args = argparse.Namespace(**vars(args))
         bench_args.base_url, bench_args.model = server.url, None
+        bench_args.image_refs = "file" if peer.name in args.files_peer else "data-url"
         endpoint = endpoint_from_args(bench_args)
         rounds = []
         for i in range(args.rounds):
@@ -160,6 +176,12 @@ def markdown(results: list[dict], args: argparse.Namespace, command: str) -> str
         for r in results:
             by_turn = r["runs"][0]["ttft_by_turn"]
             cells = [f"{by_turn[t]['median_ms']:.0f}" if t in by_turn else "–" for t in turns]
+            lines.append(f"| {r['peer']} | " + " | ".join(cells) + " |")
+        lines += ["", "Median request bytes by turn:", ""]
+        lines += ["| peer | " + " | ".join(f"turn {t}" for t in turns) + " |", "|---|" + "---:|" * len(turns)]
+        for r in results:
+            sizes = r["runs"][0].get("request_bytes_by_turn", {})
+            cells = [f"{sizes[t]:.0f}" if t in sizes else "–" for t in turns]
             lines.append(f"| {r['peer']} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 

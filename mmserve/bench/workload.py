@@ -36,10 +36,13 @@ class Conversation:
     image_urls: list[str]  # image k belongs to turn k
     video_urls: list[str] = field(default_factory=list)  # videos of the first turn
 
-    def message(self, turn: int) -> dict:
-        return user_message(
-            self.user_texts[turn], self.image_urls[turn : turn + 1], self.video_urls if turn == 0 else []
-        )
+    def message(self, turn: int, file_ids: list[str] | None = None) -> dict:
+        """Turn `turn`'s user message; with `file_ids` (one per image, uploaded beforehand) its
+        image is referred to by file id instead of sent as a data URL."""
+        videos = self.video_urls if turn == 0 else []
+        if file_ids is not None:
+            return user_message(self.user_texts[turn], [], videos, file_ids[turn : turn + 1])
+        return user_message(self.user_texts[turn], self.image_urls[turn : turn + 1], videos)
 
     def first_turn(self) -> SingleTurn:
         return SingleTurn(
@@ -92,9 +95,12 @@ def sample_conversations(dataset, num: int, seed: int) -> list[Conversation]:
     return out
 
 
-def user_message(text: str, image_urls: list[str], video_urls: list[str] = ()) -> dict:
+def user_message(
+    text: str, image_urls: list[str], video_urls: list[str] = (), image_file_ids: list[str] = ()
+) -> dict:
     """An OpenAI user message: the text part first, then the images and videos (vLLM's order)."""
     parts: list[dict] = [{"type": "text", "text": text}]
     parts += [{"type": "image_url", "image_url": {"url": url}} for url in image_urls]
+    parts += [{"type": "image_file", "image_file": {"file_id": i}} for i in image_file_ids]
     parts += [{"type": "video_url", "video_url": {"url": url}} for url in video_urls]
     return {"role": "user", "content": parts}
