@@ -45,8 +45,9 @@ _FAST_CPU_FLAGS = {torch.bfloat16: {"avx512_bf16", "amx_bf16"}, torch.float16: {
 
 def cpu_computes_natively(dtype: torch.dtype) -> bool:
     """float32 always; bfloat16 / float16 only on CPUs with matching instructions (AVX512-BF16,
-    AMX...): elsewhere torch converts every operand, and a bf16 linear layer runs several times
-    slower than a float32 one (4-20x on an AVX2-only EPYC: BENCHMARKS.md, "dtype")."""
+    AMX...). Elsewhere `--dtype auto` keeps float32: the token-exact path, and on an AVX2-only
+    EPYC the faster one for image-heavy serving even with the packed bf16 linear kernel (mid
+    model 0.96 vs 0.86 of vLLM's req/s; bf16 wins in decode: BENCHMARKS.md, "§5 again")."""
     if dtype not in _FAST_CPU_FLAGS:
         return True
     try:

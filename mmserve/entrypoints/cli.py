@@ -92,10 +92,14 @@ def run_server(engine_config: EngineConfig, server_config: ServerConfig, uvicorn
     drain = Drain(server_config.shutdown_timeout_s)
     app = build_app(engine_config, server_config, on_engine_dead, drain)
     server = build_server(app, server_config, uvicorn_log_level, drain.begin)
+    interrupted = False
     try:
         asyncio.run(server.serve())
     except KeyboardInterrupt:
-        # uvicorn shuts down gracefully on Ctrl+C, then raises the signal again for the caller.
+        # uvicorn shuts down gracefully on Ctrl+C, then raises the signal again for the caller;
+        # whether asyncio turns that into KeyboardInterrupt depends on where serve() is by then.
+        interrupted = True
+    if interrupted or server.interrupted:
         print("mmserve: stopped", file=sys.stderr)
     if engine_died:
         print("mmserve: EngineCore died; exiting with status 1", file=sys.stderr)

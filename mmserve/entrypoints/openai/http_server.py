@@ -185,6 +185,11 @@ class DrainingServer(uvicorn.Server):
     def __init__(self, config: uvicorn.Config, on_shutdown: Callable[[], None]) -> None:
         super().__init__(config)
         self._on_shutdown = on_shutdown
+        self.interrupted = False  # a Ctrl+C (SIGINT) began the shutdown
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        self.interrupted = self.interrupted or sig == signal.SIGINT
+        super().handle_exit(sig, frame)
 
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import concurrent.futures
 
 import numpy as np
 import pytest
@@ -89,6 +90,13 @@ class RefusingClient:
         pass
 
 
+def run_apart(coroutine):
+    """asyncio.run in a thread of its own: a browser test earlier in the session (Playwright's
+    sync API) leaves an event loop running in the main thread."""
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, coroutine).result()
+
+
 def test_a_request_that_cannot_be_sent_gives_back_its_pins(config, frontend):
     engine = AsyncLLM(config, frontend.outputs, inputs=frontend.inputs)
     real_client, engine.client = engine.client, RefusingClient()
@@ -96,7 +104,7 @@ def test_a_request_that_cannot_be_sent_gives_back_its_pins(config, frontend):
         prompt = frontend.inputs.chat(messages(5, 6))
         stream = engine.generate("r", prompt, SamplingParams(max_tokens=1, n=2))
         with pytest.raises(ConnectionError):
-            asyncio.run(anext(stream))
+            run_apart(anext(stream))
         assert frontend.pool.stats().pinned == 0
         assert frontend.pool.segments_in_use() == []  # nor does the prompt hold them
         assert shm.list_segments(frontend.pool.segment_prefix)  # (the cache does)
