@@ -11,6 +11,7 @@ are properties, never written back. Every default is written once, on its slice'
 from __future__ import annotations
 
 import dataclasses
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -181,6 +182,7 @@ class ExecutionConfig:
 
     attention_backend: str = "auto"  # one of ATTENTION_BACKENDS (see mmserve.layers.attention)
     num_threads: int | None = None  # engine's torch threads on CPU; None = MMSERVE_NUM_THREADS or all cores
+    cpu_threads_bind: str = "auto"  # auto | none | CPU lists per rank, e.g. 0-1|2-3 (worker/cpu_threads.py)
     enforce_eager: bool = False
     compilation: CompilationConfig = field(default_factory=CompilationConfig)
 
@@ -192,6 +194,11 @@ class ExecutionConfig:
             )
         if self.num_threads is not None and self.num_threads < 1:
             raise ValueError(f"num_threads must be ≥ 1, got {self.num_threads}")
+        if not re.fullmatch(r"auto|none|[0-9,|-]+", self.cpu_threads_bind):
+            raise ValueError(
+                "cpu_threads_bind must be auto, none or CPU lists such as 0-3 or 0-1|2-3, "
+                f"got {self.cpu_threads_bind!r}"
+            )
 
 
 EXECUTOR_BACKENDS = ("mp", "ray", "uni")

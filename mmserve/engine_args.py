@@ -63,6 +63,7 @@ class EngineArgs:
     )
     attention_backend: str = field_default(ExecutionConfig, "attention_backend")
     num_threads: int | None = field_default(ExecutionConfig, "num_threads")
+    cpu_threads_bind: str = field_default(ExecutionConfig, "cpu_threads_bind")
     enforce_eager: bool = field_default(ExecutionConfig, "enforce_eager")
     compilation_config: dict[str, Any] | None = None  # CompilationConfig's fields; None = defaults
     tensor_parallel_size: int = field_default(ParallelConfig, "tensor_parallel_size")
@@ -119,6 +120,7 @@ class EngineArgs:
             execution=ExecutionConfig(
                 attention_backend=self.attention_backend,
                 num_threads=self.num_threads,
+                cpu_threads_bind=self.cpu_threads_bind,
                 enforce_eager=self.enforce_eager,
                 compilation=CompilationConfig.from_dict(self.compilation_config),
             ),

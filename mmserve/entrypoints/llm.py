@@ -46,7 +46,11 @@ class LLM:
     ) -> None:
         """`engine_args` are `EngineArgs`' fields (the `mmserve serve` flags, with the same
         defaults). Offline, images are preprocessed in this process and any local file may be
-        read, unless `preprocess_workers` / `allowed_local_media_path` say otherwise."""
+        read, unless `preprocess_workers` / `allowed_local_media_path` say otherwise; and the
+        engine's threads are not pinned (`cpu_threads_bind="none"`) unless asked: the engine runs
+        in the caller's process, whose own threads, and every process it starts later, would
+        inherit the pinning."""
+        engine_args.setdefault("cpu_threads_bind", "none")
         args = EngineArgs(model=model, preprocess_workers=preprocess_workers, **engine_args)
         self.config = args.create_engine_config()
         self._frontend = build_frontend(self.config, MediaLoader(allowed_local_media_path), open_ended=False)

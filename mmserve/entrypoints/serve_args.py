@@ -233,6 +233,13 @@ def _add_scheduler_arguments(group: argparse._ArgumentGroup) -> None:
         "The engine's CPU threads (default: MMSERVE_NUM_THREADS, else every core this process may use).",
         type=int,
     )
+    _engine_flag(
+        group,
+        "cpu_threads_bind",
+        "Pin the engine's CPU threads, one per core: auto (this rank's share of the cores), none (the "
+        "OS places them: for machines shared with other jobs), or CPU lists per rank such as 0-3 or "
+        "0-1|2-3 (default %(default)s).",
+    )
 
 
 def _add_cache_arguments(group: argparse._ArgumentGroup) -> None:

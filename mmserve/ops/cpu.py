@@ -16,6 +16,7 @@ from mmserve.ops._extension import KernelBuildError, is_available, ops
 
 __all__ = [
     "KernelBuildError",
+    "bind_threads",
     "fused_add_rms_norm",
     "is_available",
     "mrope",
@@ -137,3 +138,10 @@ def packed_linear(
     out = torch.empty(x.shape[0], out_features, dtype=x.dtype)  # [M, N]
     ops().packed_linear.default(out, x, packed, bias)
     return out
+
+
+def bind_threads(cpus: list[int]) -> None:
+    """Run torch's (and these kernels') parallel work on len(cpus) OpenMP threads, thread i pinned
+    to CPU cpus[i]; the calling thread is thread 0. Not a numeric op: the reference is the OS's own
+    placement, which `mmserve.worker.cpu_threads` keeps when asked not to pin."""
+    ops().bind_threads.default(cpus)

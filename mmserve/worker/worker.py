@@ -8,7 +8,6 @@ scheduler's block ids mean the same slots on every rank."""
 from __future__ import annotations
 
 import logging
-import os
 import time
 from pathlib import Path
 
@@ -19,17 +18,10 @@ from mmserve.config import CacheConfig, ExecutionConfig, ModelConfig, ParallelCo
 from mmserve.core.sched_output import ModelRunnerOutput, SchedulerOutput
 from mmserve.distributed.parallel_state import DistributedInit, get_tp_group, init_tensor_parallel
 from mmserve.layers.packed_weights import weight_bytes
+from mmserve.worker.cpu_threads import configure_cpu_threads
 from mmserve.worker.model_runner import ModelRunner
 
 logger = logging.getLogger("mmserve.worker")
-
-
-def default_cpu_threads() -> int:
-    """Every core this process may run on, as vLLM's CPU backend uses all of a node's cores: the
-    model's matmuls and attention are where a step's time goes, while the API server and the
-    preprocess workers mostly wait (measured in BENCHMARKS.md, "threads"). MMSERVE_NUM_THREADS
-    or `num_threads` set it otherwise, e.g. on a machine shared with other jobs."""
-    return max(1, len(os.sched_getaffinity(0)))
 
 
 def default_device(rank: int = 0) -> torch.device:
@@ -58,8 +50,8 @@ class Worker:
         self.device = device or default_device(self.rank)
         if self.device.type == "cpu":
             # the ranks of one machine share its cores
-            cores = max(1, default_cpu_threads() // self.world_size)
-            torch.set_num_threads(execution_config.num_threads or envs.num_threads() or cores)
+            threads = execution_config.num_threads or envs.num_threads()
+            configure_cpu_threads(execution_config.cpu_threads_bind, threads, self.rank, self.world_size)
         torch.manual_seed(seed)  # the same on every rank: random sampling draws alike
         self.cache_config = cache_config
         self.max_blocks_useful = scheduler_config.max_num_seqs * -(
