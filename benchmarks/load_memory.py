@@ -57,9 +57,9 @@ class PeakSampler:
 
 def measure(preset: str, dtype_name: str, queue: multiprocessing.Queue) -> None:
     """In a fresh process: load the preset's checkpoint in `dtype_name`; put the figures on `queue`."""
-    from mmserve.model_config import ModelConfig
     from mmserve.layers.attention.backend import get_attention_backend
     from mmserve.layers.packed_weights import weight_bytes
+    from mmserve.model_config import ModelConfig
     from mmserve.models.loader import load_model
     from mmserve.testing.checkpoints import checkpoint
 

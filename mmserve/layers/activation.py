@@ -9,10 +9,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from mmserve.layers.kernel_user import UsesKernels
-
-
-def quick_gelu(x: torch.Tensor) -> torch.Tensor:
-    return x * torch.sigmoid(1.702 * x)
+from mmserve.ops import reference
 
 
 def _gelu_tanh(x: torch.Tensor) -> torch.Tensor:
@@ -23,7 +20,7 @@ ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "silu": F.silu,
     "gelu": F.gelu,
     "gelu_pytorch_tanh": _gelu_tanh,
-    "quick_gelu": quick_gelu,
+    "quick_gelu": reference.quick_gelu,
 }
 
 
@@ -38,3 +35,15 @@ class SiluAndMul(UsesKernels, nn.Module):
 
     def forward(self, gate_up: torch.Tensor) -> torch.Tensor:
         return self.kernels.silu_and_mul(gate_up)
+
+
+class Activation(UsesKernels, nn.Module):
+    """The activation a config names; quick_gelu through the kernel set (one pass on CPU)."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__()
+        self.name = name
+        self.fn = get_activation(name)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.kernels.quick_gelu(x) if self.name == "quick_gelu" else self.fn(x)

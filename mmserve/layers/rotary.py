@@ -141,14 +141,8 @@ class VisionRotaryEmbedding(nn.Module):
         self.register_buffer("inv_freq", inverse_frequencies(head_dim // 2, theta), persistent=False)
 
     def cos_sin(self, patch_positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """patch_positions: [N, 2] → cos, sin: [N, 1, head_dim] float32."""
+        """patch_positions: [N, 2] → cos, sin: [N, head_dim / 2] float32, the angles of the row
+        channels then the column channels (what the kernel sets' `vision_rotary` takes)."""
         freqs = patch_positions[..., None].float() * self.inv_freq  # [N, 2, head_dim/4]
-        freqs = freqs.flatten(1)  # [N, head_dim/2]: row channels, then column channels
-        freqs = torch.cat((freqs, freqs), dim=-1)[:, None, :]
+        freqs = freqs.flatten(1)  # [N, head_dim/2]
         return freqs.cos(), freqs.sin()
-
-
-def apply_vision_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x: [N, H, D] in any dtype; rotated in float32 (as the reference does) and cast back."""
-    xf = x.float()
-    return (xf * cos + rotate_half(xf) * sin).to(x.dtype)

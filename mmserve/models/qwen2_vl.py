@@ -18,12 +18,12 @@ from torch import nn
 
 from mmserve.config import ModelConfig, VisionConfig
 from mmserve.distributed.parallel_state import SINGLE_RANK, TensorParallelGroup, get_tp_group
-from mmserve.layers.activation import get_activation
+from mmserve.layers.activation import Activation
 from mmserve.layers.attention import AttentionBackend, AttentionMetadata
 from mmserve.layers.kernel_user import UsesKernels
 from mmserve.layers.linear import ColumnParallelLinear, QKVParallelLinear, RowParallelLinear
 from mmserve.layers.packed_weights import PatchProjection
-from mmserve.layers.rotary import VisionRotaryEmbedding, apply_vision_rotary, vision_patch_positions
+from mmserve.layers.rotary import VisionRotaryEmbedding, vision_patch_positions
 from mmserve.layers.vocab_embedding import ParallelLMHead
 from mmserve.layers.weights import CheckpointTensor, load_parameter
 from mmserve.models.qwen2 import Qwen2Model, load_language_model_weight
@@ -60,7 +60,7 @@ class VisionAttention(UsesKernels, nn.Module):
     ) -> torch.Tensor:
         n = x.shape[0]
         q, k, v = self.qkv(x).view(n, 3, self.num_heads, self.head_dim).unbind(1)  # each [N, H, D]
-        q, k = apply_vision_rotary(q, cos, sin), apply_vision_rotary(k, cos, sin)
+        q, k = self.kernels.vision_rotary(q, cos, sin), self.kernels.vision_rotary(k, cos, sin)
         out = self.kernels.varlen_attention(q, k, v, cu_seqlens, self.head_dim**-0.5)
         return self.proj(out.reshape(n, -1))
 
@@ -70,7 +70,7 @@ class VisionMLP(nn.Module):
         super().__init__()
         self.fc1 = ColumnParallelLinear(dim, hidden, group=group)
         self.fc2 = RowParallelLinear(hidden, dim, group=group)
-        self.act = get_activation(act)
+        self.act = Activation(act)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.fc2(self.act(self.fc1(x)))

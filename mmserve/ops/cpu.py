@@ -23,9 +23,11 @@ __all__ = [
     "pack_bf16_weight",
     "packed_linear",
     "paged_attention",
+    "quick_gelu",
     "rms_norm",
     "silu_and_mul",
     "varlen_attention",
+    "vision_rotary",
     "write_kv",
 ]
 
@@ -137,6 +139,23 @@ def packed_linear(
     """`reference.linear` with the weight that was packed: float32 accumulation, one rounding."""
     out = torch.empty(x.shape[0], out_features, dtype=x.dtype)  # [M, N]
     ops().packed_linear.default(out, x, packed, bias)
+    return out
+
+
+def vision_rotary(
+    x: torch.Tensor,  # [N, H, D]
+    cos: torch.Tensor,  # [N, D / 2] float32, contiguous
+    sin: torch.Tensor,  # [N, D / 2] float32, contiguous
+) -> torch.Tensor:
+    """The 2-D rotary embedding in place on x (float32 math, one rounding); returns x."""
+    ops().vision_rotary.default(x, cos, sin)
+    return x
+
+
+def quick_gelu(x: torch.Tensor) -> torch.Tensor:
+    """x · σ(1.702 · x) into a new tensor of x's shape (x contiguous)."""
+    out = torch.empty_like(x)
+    ops().quick_gelu.default(out, x)
     return out
 
 

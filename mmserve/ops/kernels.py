@@ -32,6 +32,8 @@ class Kernels:
     mrope: Callable[..., tuple[torch.Tensor, torch.Tensor]]
     varlen_attention: Callable[..., torch.Tensor]
     pack_linear: Callable[[torch.Tensor], LinearMethod] | None = None
+    vision_rotary: Callable[..., torch.Tensor] = reference.vision_rotary
+    quick_gelu: Callable[[torch.Tensor], torch.Tensor] = reference.quick_gelu
 
 
 TORCH_KERNELS = Kernels(
@@ -71,6 +73,8 @@ def cpu_kernels() -> Kernels:
         mrope=cpu.mrope,
         varlen_attention=varlen_attention,
         pack_linear=pack_cpu_linear,
+        vision_rotary=cpu.vision_rotary,
+        quick_gelu=cpu.quick_gelu,
     )
 
 

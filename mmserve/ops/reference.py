@@ -135,6 +135,24 @@ def mrope(
     return rotate(query), rotate(key)
 
 
+def vision_rotary(
+    x: torch.Tensor,  # [N, H, D]
+    cos: torch.Tensor,  # [N, D / 2] float32: each row's angles (a vision tower's 2-D RoPE)
+    sin: torch.Tensor,  # [N, D / 2] float32
+) -> torch.Tensor:
+    """Rotary embedding (rotate-half layout) with per-row angles, computed in float32 and cast
+    back once, as transformers' vision towers do. Returns a new tensor."""
+    c = torch.cat((cos, cos), dim=-1)[:, None, :]  # [N, 1, D]
+    s = torch.cat((sin, sin), dim=-1)[:, None, :]
+    xf = x.float()
+    return (xf * c + rotate_half(xf) * s).to(x.dtype)
+
+
+def quick_gelu(x: torch.Tensor) -> torch.Tensor:
+    """x · σ(1.702 · x) (CLIP's GELU approximation, Qwen2-VL's vision MLP)."""
+    return x * torch.sigmoid(1.702 * x)
+
+
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """x: [M, K], weight: [N, K], bias: [N] → x Wᵀ + b: [M, N] in x's dtype, accumulated in
     float32 and rounded once (what a bfloat16 GEMM with float32 accumulation returns)."""
