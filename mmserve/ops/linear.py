@@ -3,12 +3,15 @@ fastest matmul here reads, and the call that reads it.
 
 `pack_cpu_linear` chooses once per weight, by dtype and by whether the layer runs at small row
 counts (a language model's layers: every decode step reads the whole weight for a few rows) or
-only at large ones (a vision tower's); figures: BENCHMARKS.md, "CPU linear layers":
-- float32, small rows: csrc's `packed_linear` over float32 panels, which reads the weight near
-  the memory bandwidth at 1–16 rows (1.4–1.8× oneDNN's matmul there, on an AVX2 AMD EPYC) and
-  is within a few per cent of oneDNN at hundreds of rows in the common shapes;
+only at large ones (a vision tower's). Measured with `benchmarks/linear_cpu.py` on a 2-core AVX2
+AMD EPYC (BENCHMARKS.md, "CPU linear layers", has the earlier figures):
+- float32, small rows: csrc's `packed_linear` over float32 panels: 1.4× (M=1) to 1.7× (M=8-16)
+  oneDNN's matmul on one thread, K=768 N=3072; at M=512 on one thread level with oneDNN for the
+  language model's shapes (K=768, 2048), but 0.8× on two threads at M=512-2048 under load, so a
+  float32 prefill pays that in its linears;
 - float32, large rows only: oneDNN's prepacked weight (`torch.ops.mkldnn`, as vLLM's CPU backend
-  uses oneDNN), faster than MKL's sgemm at every M measured and than the panels at large M;
+  uses oneDNN): faster than MKL's sgemm at every M, and than the panels at K=2560 N=640 (the
+  vision MLP's down projection: 0.77× for the panels at M=512);
 - bfloat16 where oneDNN computes in bfloat16 (AVX512-BF16, AMX, AVX-NE-CONVERT): oneDNN;
 - bfloat16 elsewhere (AVX2 + FMA): csrc's `packed_linear`, bfloat16 panels accumulated in
   float32, half the bytes of a float32 weight where a step is memory-bound;
