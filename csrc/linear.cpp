@@ -6,10 +6,9 @@
 // in order (two 256-bit loads per k). bfloat16 panels are interleaved so that 32-bit word j
 // carries column j in its low half and column j + 8 in its high half: one 256-bit load then gives
 // both halves as float32 with one shift and one mask (a bfloat16 is the top half of a float32),
-// no cross-lane shuffles in the inner loop. A tile of up to 6 rows × 16
-// columns accumulates over the whole K in 12 float32 registers with FMA; at one or two rows the
-// K loop is unrolled into independent accumulators, because there the FMA latency, not the
-// bandwidth, would bound it. Small M is memory-bound (bfloat16 weights are half the bytes of
+// no cross-lane shuffles in the inner loop. A tile of up to 6 rows × 16 columns accumulates over
+// the whole K in 12 float32 registers with FMA; at one or two rows the K loop is unrolled into
+// independent accumulators, because there the FMA latency, not the bandwidth, would bound it. Small M is memory-bound (bfloat16 weights are half the bytes of
 // float32 ones), so the weight is prefetched a fixed distance ahead of the row being read.
 //
 // Work is split over (row chunk, panel) with panels fastest: a chunk of rows stays in L2 while
@@ -34,11 +33,8 @@ using BFloat16 = c10::BFloat16;
 constexpr int64_t kPanel = 16;   // output columns per panel
 constexpr int kMaxTileRows = 6;  // 12 accumulators + weights + broadcast fit AVX2's 16 registers
 constexpr int64_t kChunkRows = 48;
-#ifndef MMSERVE_PREFETCH_BYTES
-#define MMSERVE_PREFETCH_BYTES 4096
-#endif
-constexpr int64_t kPrefetchBytes = MMSERVE_PREFETCH_BYTES;  // ahead of the panel row being read
-constexpr int64_t kLine = 64;
+constexpr int64_t kPrefetchBytes = 4096;  // ahead of the panel row being read (2 and 8 KiB: no better)
+constexpr int64_t kLine = 64;             // bytes per cache line
 constexpr int64_t kDepth = 256;  // K per block: 256 × 16 float32 = 16 KiB of panel (L1: 32 KiB)
 
 // Where column c (0..15) of a panel lives among its 16 slots: in order for float32, interleaved
