@@ -6,14 +6,18 @@ Run from the repository root:
 
 For weight [N, K] (default K=768, N=3072: a mid-size MLP projection) and each row count M, the
 candidates run interleaved round by round in one process (a neighbour's burst hits all alike);
-the median ms and GFLOP/s are printed. float32: MKL's `F.linear` and oneDNN's prepacked matmul;
-bfloat16: `F.linear`, csrc's packed bf16 kernel, and the weight converted to float32 per call
-then oneDNN float32 (what large M could do instead).
+the median ms, GFLOP/s and GB/s of weight read are printed. float32: MKL's `F.linear`, oneDNN's
+prepacked matmul and csrc's float32 panels; bfloat16: `F.linear`, csrc's bfloat16 panels, and the
+weight converted to float32 per call then `F.linear` (what large M could do instead). Each
+candidate cycles through copies of its weight, `--weight-mib` in all, so that at small M a call
+reads its weight from memory, as a decode step does, not from the last call's cache.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
+import itertools
 import json
 import os
 import statistics
@@ -28,15 +32,26 @@ from mmserve.ops import linear
 DEFAULT_ROWS = [1, 2, 4, 8, 12, 16, 32, 64, 128, 256, 512, 1024, 2048]
 
 
-def candidates(weight32: torch.Tensor, x32: torch.Tensor) -> dict[str, Callable[[], torch.Tensor]]:
+def cycling(
+    methods: list[Callable[[torch.Tensor], torch.Tensor]], x: torch.Tensor
+) -> Callable[[], torch.Tensor]:
+    """A call of the next method (each over its own copy of the weight) on x."""
+    turn = itertools.cycle(methods)
+    return lambda: next(turn)(x)
+
+
+def candidates(
+    weight32: torch.Tensor, x32: torch.Tensor, copies: int
+) -> dict[str, Callable[[], torch.Tensor]]:
     weight16, x16 = weight32.bfloat16(), x32.bfloat16()
-    found: dict[str, Callable[[], torch.Tensor]] = {"fp32 F.linear": lambda: F.linear(x32, weight32)}
+    weights32 = [weight32.clone() for _ in range(copies)]
+    weights16 = [weight16.clone() for _ in range(copies)]
+    found = {"fp32 F.linear": cycling([functools.partial(F.linear, weight=w) for w in weights32], x32)}
     if linear.onednn_supports(torch.float32):
-        onednn = linear.OneDnnLinear(weight32)
-        found["fp32 oneDNN packed"] = lambda: onednn(x32)
-    found["bf16 F.linear"] = lambda: F.linear(x16, weight16)
-    packed = linear.PackedBf16Linear(weight16)
-    found["bf16 packed kernel"] = lambda: packed(x16)
+        found["fp32 oneDNN packed"] = cycling([linear.OneDnnLinear(w) for w in weights32], x32)
+    found["fp32 panel kernel"] = cycling([linear.PanelLinear(w) for w in weights32], x32)
+    found["bf16 F.linear"] = cycling([functools.partial(F.linear, weight=w) for w in weights16], x16)
+    found["bf16 panel kernel"] = cycling([linear.PanelLinear(w) for w in weights16], x16)
 
     def via_float32() -> torch.Tensor:
         return F.linear(x16.float(), weight16.float()).bfloat16()
@@ -54,12 +69,17 @@ def time_ms(fn: Callable[[], torch.Tensor], budget_s: float) -> float:
     return 1e3 * (time.perf_counter() - start) / calls
 
 
-def measure(in_features: int, out_features: int, rows: int, rounds: int) -> dict[str, float]:
+def measure(
+    in_features: int, out_features: int, rows: int, rounds: int, weight_bytes: int, only: list[str]
+) -> dict[str, float]:
     torch.manual_seed(rows)
     weight, x = torch.randn(out_features, in_features), torch.randn(rows, in_features)
-    fns = candidates(weight, x)
+    copies = max(1, -(-weight_bytes // (4 * weight.numel())))
+    fns = candidates(weight, x, copies)
     if rows > 256:  # bf16 F.linear runs at ~10 GFLOP/s here: seconds per call at large M
         fns.pop("bf16 F.linear")
+    if only:
+        fns = {name: fn for name, fn in fns.items() if any(word in name for word in only)}
     times: dict[str, list[float]] = {name: [] for name in fns}
     for _ in range(rounds):
         for name, fn in fns.items():
@@ -72,15 +92,21 @@ def main() -> None:
     parser.add_argument("--shape", type=int, nargs=2, default=[768, 3072], metavar=("K", "N"))
     parser.add_argument("--rows", type=int, nargs="+", default=DEFAULT_ROWS)
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--weight-mib", type=int, default=64, help="float32 bytes of weight copies cycled")
+    parser.add_argument("--only", nargs="*", default=[], help="candidates whose name has one of these words")
     parser.add_argument("--json", default="")
     args = parser.parse_args()
     in_features, out_features = args.shape
     print(f"K={in_features} N={out_features} threads={torch.get_num_threads()} load={os.getloadavg()[0]:.2f}")
     results = []
     for rows in args.rows:
-        medians = measure(in_features, out_features, rows, args.rounds)
+        medians = measure(in_features, out_features, rows, args.rounds, args.weight_mib << 20, args.only)
         flops = 2 * rows * in_features * out_features
-        cells = [f"{name} {ms:.3f} ms ({flops / ms / 1e6:.0f} GF/s)" for name, ms in medians.items()]
+        cells = [
+            f"{name} {ms:.3f} ms ({flops / ms / 1e6:.0f} GF/s, "
+            f"{in_features * out_features * (2 if 'bf16' in name else 4) / ms / 1e6:.1f} GB/s)"
+            for name, ms in medians.items()
+        ]
         print(f"M={rows:>5}: " + "; ".join(cells), flush=True)
         results.append({"rows": rows, "ms": medians})
     if args.json:

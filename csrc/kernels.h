@@ -76,17 +76,19 @@ struct MropeArgs {
 };
 
 // A weight [out_features, in_features] (float32 or bfloat16, rows row_stride apart) packed into
-// bfloat16 panels [ceil(out_features / 16), in_features, 16] (layout: linear.cpp).
+// panels [ceil(out_features / 16), in_features, 16] of packed_dtype (layout: linear.cpp).
 struct PackWeightArgs {
   const void* weight;
   Dtype dtype;
   int64_t row_stride, out_features, in_features;
   void* packed;
+  Dtype packed_dtype;
 };
 
 struct PackedLinearArgs {
   Rows out, x;           // [rows, out_features], [rows, in_features]: head_stride unused
-  const void* weight;    // packed by pack_bf16_weight
+  const void* weight;    // packed by pack_weight
+  Dtype weight_dtype;    // the panels' dtype
   const void* bias;      // [out_features] or nullptr
   Dtype bias_dtype;      // any value when bias is nullptr
   int64_t num_rows, in_features, out_features;
@@ -99,7 +101,7 @@ void rms_norm(const RmsNormArgs& args);
 void fused_add_rms_norm(const FusedAddRmsNormArgs& args);
 void silu_and_mul(const SiluAndMulArgs& args);
 void mrope(const MropeArgs& args);
-void pack_bf16_weight(const PackWeightArgs& args);
+void pack_weight(const PackWeightArgs& args);
 void packed_linear(const PackedLinearArgs& args);
 
 }  // namespace mmserve

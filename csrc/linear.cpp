@@ -1,20 +1,22 @@
-// Linear layers over bfloat16 weights on CPUs without bfloat16 instructions (AVX2 + FMA).
+// Linear layers over weights packed into column panels, float32 or bfloat16 (for CPUs without
+// bfloat16 instructions: AVX2 + FMA).
 //
 // The weight [N, K] is packed once, after loading, into panels of 16 output columns:
-// packed[p][k][·] holds W[16p .. 16p + 15][k] as 16 bfloat16 values (zero past N), interleaved so
-// that 32-bit word j carries column j in its low half and column j + 8 in its high half. One
-// 256-bit load then gives both halves as float32 with one shift and one mask (a bfloat16 is the
-// top half of a float32): no cross-lane shuffles in the inner loop. A tile of up to 6 rows × 16
-// columns accumulates over the whole K in 12 float32 registers with FMA; at one or two rows the
-// K loop is unrolled into independent accumulators, because there the FMA latency, not the
-// bandwidth, would bound it. Small M is memory-bound, and bfloat16 weights are half the bytes
-// of float32 ones.
+// packed[p][k][·] holds W[16p .. 16p + 15][k] (zero past N). float32 panels hold the 16 columns
+// in order (two 256-bit loads per k). bfloat16 panels are interleaved so that 32-bit word j
+// carries column j in its low half and column j + 8 in its high half: one 256-bit load then gives
+// both halves as float32 with one shift and one mask (a bfloat16 is the top half of a float32),
+// no cross-lane shuffles in the inner loop. A tile of up to 6 rows × 16 columns accumulates over
+// the whole K in 12 float32 registers with FMA; at one or two rows the K loop is unrolled into
+// independent accumulators, because there the FMA latency, not the bandwidth, would bound it. Small M is memory-bound (bfloat16 weights are half the bytes of
+// float32 ones), so the weight is prefetched a fixed distance ahead of the row being read.
 //
 // Work is split over (row chunk, panel) with panels fastest: a chunk of rows stays in L2 while
 // the weight streams past it; within a task K is blocked so the panel's block stays in L1.
 #include <ATen/Parallel.h>
 
 #include <algorithm>
+#include <type_traits>
 #include <vector>
 
 #include "kernels.h"
@@ -31,41 +33,52 @@ using BFloat16 = c10::BFloat16;
 constexpr int64_t kPanel = 16;   // output columns per panel
 constexpr int kMaxTileRows = 6;  // 12 accumulators + weights + broadcast fit AVX2's 16 registers
 constexpr int64_t kChunkRows = 48;
-constexpr int64_t kPrefetchRows = 128;  // 4 KiB ahead of the panel row being read
-constexpr int64_t kDepth = 256;  // K per block: 256 × 16 bfloat16 = 8 KiB of panel
+constexpr int64_t kPrefetchBytes = 4096;  // ahead of the panel row being read (2 and 8 KiB: no better)
+constexpr int64_t kLine = 64;             // bytes per cache line
+constexpr int64_t kDepth = 256;  // K per block: 256 × 16 float32 = 16 KiB of panel (L1: 32 KiB)
 
-// Where column c (0..15) of a panel lives among its 16 bfloat16 slots.
-inline int64_t slot_of_column(int64_t c) { return c < 8 ? 2 * c : 2 * (c - 8) + 1; }
+// Where column c (0..15) of a panel lives among its 16 slots: in order for float32, interleaved
+// for bfloat16.
+template <typename p_t>
+inline int64_t slot_of_column(int64_t c) {
+  if constexpr (std::is_same_v<p_t, float>) return c;
+  return c < 8 ? 2 * c : 2 * (c - 8) + 1;
+}
 
-template <typename w_t>
+template <typename w_t, typename p_t>
 void pack_panels(const PackWeightArgs& args, int64_t begin, int64_t end) {
   const w_t* weight = static_cast<const w_t*>(args.weight);
-  BFloat16* packed = static_cast<BFloat16*>(args.packed);
+  p_t* packed = static_cast<p_t*>(args.packed);
   const int64_t k_size = args.in_features;
   for (int64_t p = begin; p < end; ++p) {
-    BFloat16* panel = packed + p * k_size * kPanel;
+    p_t* panel = packed + p * k_size * kPanel;
     for (int64_t c = 0; c < kPanel; ++c) {
       const int64_t n = p * kPanel + c;
-      const int64_t slot = slot_of_column(c);
+      const int64_t slot = slot_of_column<p_t>(c);
       for (int64_t k = 0; k < k_size; ++k)
         panel[k * kPanel + slot] =
-            n < args.out_features ? BFloat16(static_cast<float>(weight[n * args.row_stride + k])) : BFloat16(0.f);
+            static_cast<p_t>(n < args.out_features ? static_cast<float>(weight[n * args.row_stride + k]) : 0.f);
     }
   }
 }
 
 #ifdef MMSERVE_LINEAR_AVX2
-// 16 bfloat16 weights of one k as float32: columns 0-7 (low halves) and 8-15 (high halves).
-inline __m256 low_columns(__m256i w) { return _mm256_castsi256_ps(_mm256_slli_epi32(w, 16)); }
-inline __m256 high_columns(__m256i w) {
-  return _mm256_castsi256_ps(_mm256_and_si256(w, _mm256_set1_epi32(static_cast<int32_t>(0xFFFF0000u))));
+// Row k of a panel (16 columns) as float32: columns 0-7 (low) and 8-15 (high).
+inline __m256 low_columns(const float* row) { return _mm256_loadu_ps(row); }
+inline __m256 high_columns(const float* row) { return _mm256_loadu_ps(row + 8); }
+inline __m256 low_columns(const BFloat16* row) {
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(row)), 16));
+}
+inline __m256 high_columns(const BFloat16* row) {
+  return _mm256_castsi256_ps(_mm256_and_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(row)),
+                                              _mm256_set1_epi32(static_cast<int32_t>(0xFFFF0000u))));
 }
 
 // acc[r][0..15] (+)= Σ_k x[r][k] · panel column; R rows, U independent accumulators per row.
 // The accumulators are plain local arrays indexed by unrolled constants (no lambda or pointer
 // to them), so they stay in registers.
-template <int R, int U>
-void tile(const float* x, int64_t x_stride, const BFloat16* panel, int64_t k_size, float* acc, bool accumulate) {
+template <int R, int U, typename p_t>
+void tile(const float* x, int64_t x_stride, const p_t* panel, int64_t k_size, float* acc, bool accumulate) {
   __m256 lo[U][R], hi[U][R];
   for (int u = 0; u < U; ++u)
     for (int r = 0; r < R; ++r) lo[u][r] = hi[u][r] = _mm256_setzero_ps();
@@ -74,18 +87,21 @@ void tile(const float* x, int64_t x_stride, const BFloat16* panel, int64_t k_siz
       lo[0][r] = _mm256_loadu_ps(acc + r * kPanel);
       hi[0][r] = _mm256_loadu_ps(acc + r * kPanel + 8);
     }
-  const __m256i* weights = reinterpret_cast<const __m256i*>(panel);
+  constexpr int64_t kStepBytes = U * kPanel * sizeof(p_t);  // panel bytes per iteration
   int64_t k = 0;
   for (; k + U <= k_size; k += U) {
-    // The weight streams from memory once per call. Measured on a 64 MiB weight (BENCHMARKS.md):
-    // at 2-5 rows a tile the hardware prefetcher alone falls behind (M=8: 9.2-9.7 ms without
-    // this, 6.6-7.1 with it); at 1 row it keeps up; 6-row tiles are compute-bound.
-    if constexpr (R > 1 && R < kMaxTileRows)
-      _mm_prefetch(reinterpret_cast<const char*>(weights + k + kPrefetchRows), _MM_HINT_T0);
+    // The weight streams from memory once per call: the hardware prefetcher alone falls behind
+    // (measured: BENCHMARKS.md, "CPU linear layers").
+    const char* ahead = reinterpret_cast<const char*>(panel + k * kPanel) + kPrefetchBytes;
+    _mm_prefetch(ahead, _MM_HINT_T0);
+    if constexpr (kStepBytes > kLine) _mm_prefetch(ahead + kLine, _MM_HINT_T0);
+    if constexpr (kStepBytes > 2 * kLine) {
+      _mm_prefetch(ahead + 2 * kLine, _MM_HINT_T0);
+      _mm_prefetch(ahead + 3 * kLine, _MM_HINT_T0);
+    }
 #pragma GCC unroll 4
     for (int u = 0; u < U; ++u) {
-      const __m256i w = _mm256_loadu_si256(weights + k + u);
-      const __m256 w_lo = low_columns(w), w_hi = high_columns(w);
+      const __m256 w_lo = low_columns(panel + (k + u) * kPanel), w_hi = high_columns(panel + (k + u) * kPanel);
 #pragma GCC unroll 6
       for (int r = 0; r < R; ++r) {
         const __m256 xr = _mm256_broadcast_ss(x + r * x_stride + k + u);
@@ -95,8 +111,7 @@ void tile(const float* x, int64_t x_stride, const BFloat16* panel, int64_t k_siz
     }
   }
   for (; k < k_size; ++k) {
-    const __m256i w = _mm256_loadu_si256(weights + k);
-    const __m256 w_lo = low_columns(w), w_hi = high_columns(w);
+    const __m256 w_lo = low_columns(panel + k * kPanel), w_hi = high_columns(panel + k * kPanel);
 #pragma GCC unroll 6
     for (int r = 0; r < R; ++r) {
       const __m256 xr = _mm256_broadcast_ss(x + r * x_stride + k);
@@ -117,18 +132,19 @@ void tile(const float* x, int64_t x_stride, const BFloat16* panel, int64_t k_siz
   }
 }
 #else
-template <int R, int U>
-void tile(const float* x, int64_t x_stride, const BFloat16* panel, int64_t k_size, float* acc, bool accumulate) {
+template <int R, int U, typename p_t>
+void tile(const float* x, int64_t x_stride, const p_t* panel, int64_t k_size, float* acc, bool accumulate) {
   if (!accumulate) std::fill(acc, acc + R * kPanel, 0.f);
   for (int64_t k = 0; k < k_size; ++k)
     for (int64_t c = 0; c < kPanel; ++c) {
-      const float w = static_cast<float>(panel[k * kPanel + slot_of_column(c)]);
+      const float w = static_cast<float>(panel[k * kPanel + slot_of_column<p_t>(c)]);
       for (int r = 0; r < R; ++r) acc[r * kPanel + c] += x[r * x_stride + k] * w;
     }
 }
 #endif
 
-void run_tile(int rows, const float* x, int64_t x_stride, const BFloat16* panel, int64_t k_size, float* acc,
+template <typename p_t>
+void run_tile(int rows, const float* x, int64_t x_stride, const p_t* panel, int64_t k_size, float* acc,
               bool accumulate) {
   switch (rows) {
     case 1: return tile<1, 4>(x, x_stride, panel, k_size, acc, accumulate);
@@ -178,9 +194,9 @@ const float* rows_as_float(const PackedLinearArgs& args, std::vector<float>& buf
 }
 
 // One task: rows [first, last) (at most kChunkRows) × one panel, over K in blocks of kDepth so
-// that the panel's block (8 KiB) stays in L1 while every tile of the chunk reads it.
-template <typename out_t, typename bias_t>
-void chunk_times_panel(const PackedLinearArgs& args, const float* x, int64_t x_stride, const BFloat16* panel,
+// that the panel's block stays in L1 while every tile of the chunk reads it.
+template <typename p_t, typename out_t, typename bias_t>
+void chunk_times_panel(const PackedLinearArgs& args, const float* x, int64_t x_stride, const p_t* panel,
                        int64_t first, int64_t last, int64_t column) {
   float acc[kChunkRows * kPanel];
   const int64_t k_size = args.in_features;
@@ -200,16 +216,16 @@ void chunk_times_panel(const PackedLinearArgs& args, const float* x, int64_t x_s
   }
 }
 
-template <typename out_t, typename bias_t>
+template <typename p_t, typename out_t, typename bias_t>
 void linear_tasks(const PackedLinearArgs& args, const float* x, int64_t x_stride) {
   const int64_t panels = (args.out_features + kPanel - 1) / kPanel;
   const int64_t chunks = (args.num_rows + kChunkRows - 1) / kChunkRows;
-  const BFloat16* packed = static_cast<const BFloat16*>(args.weight);
+  const p_t* packed = static_cast<const p_t*>(args.weight);
   at::parallel_for(0, chunks * panels, 1, [&](int64_t begin, int64_t end) {
     for (int64_t task = begin; task < end; ++task) {
       const int64_t chunk = task / panels, p = task % panels;
       const int64_t first = chunk * kChunkRows, last = std::min(args.num_rows, first + kChunkRows);
-      chunk_times_panel<out_t, bias_t>(args, x, x_stride, packed + p * args.in_features * kPanel, first, last,
+      chunk_times_panel<p_t, out_t, bias_t>(args, x, x_stride, packed + p * args.in_features * kPanel, first, last,
                                        p * kPanel);
     }
   });
@@ -217,10 +233,12 @@ void linear_tasks(const PackedLinearArgs& args, const float* x, int64_t x_stride
 
 }  // namespace
 
-void pack_bf16_weight(const PackWeightArgs& args) {
+void pack_weight(const PackWeightArgs& args) {
   const int64_t panels = (args.out_features + kPanel - 1) / kPanel;
   at::parallel_for(0, panels, 1, [&](int64_t begin, int64_t end) {
-    dispatch_dtype(args.dtype, [&](auto w) { pack_panels<decltype(w)>(args, begin, end); });
+    dispatch_dtype(args.dtype, [&](auto w) {
+      dispatch_dtype(args.packed_dtype, [&](auto p) { pack_panels<decltype(w), decltype(p)>(args, begin, end); });
+    });
   });
 }
 
@@ -228,9 +246,11 @@ void packed_linear(const PackedLinearArgs& args) {
   std::vector<float> buffer;
   int64_t x_stride = 0;
   const float* x = rows_as_float(args, buffer, x_stride);
-  dispatch_dtype(args.out.dtype, [&](auto out) {
-    dispatch_dtype(args.bias_dtype, [&](auto bias) {
-      linear_tasks<decltype(out), decltype(bias)>(args, x, x_stride);
+  dispatch_dtype(args.weight_dtype, [&](auto p) {
+    dispatch_dtype(args.out.dtype, [&](auto out) {
+      dispatch_dtype(args.bias_dtype, [&](auto bias) {
+        linear_tasks<decltype(p), decltype(out), decltype(bias)>(args, x, x_stride);
+      });
     });
   });
 }

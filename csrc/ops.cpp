@@ -239,20 +239,22 @@ void mrope_op(const at::Tensor& query, const at::Tensor& key, const at::Tensor& 
 constexpr int64_t kPanelColumns = 16;  // linear.cpp's panel width
 
 void check_packed(const at::Tensor& packed, int64_t out_features, int64_t in_features) {
-  TORCH_CHECK(packed.device().is_cpu() && packed.scalar_type() == at::kBFloat16 && packed.is_contiguous() &&
-                  packed.dim() == 3 && packed.size(0) == (out_features + kPanelColumns - 1) / kPanelColumns &&
+  TORCH_CHECK(packed.device().is_cpu() &&
+                  (packed.scalar_type() == at::kBFloat16 || packed.scalar_type() == at::kFloat) &&
+                  packed.is_contiguous() && packed.dim() == 3 &&
+                  packed.size(0) == (out_features + kPanelColumns - 1) / kPanelColumns &&
                   packed.size(1) == in_features && packed.size(2) == kPanelColumns,
-              "packed weight must be a contiguous bfloat16 [ceil(", out_features, " / 16), ", in_features,
-              ", 16] tensor, got ", packed.scalar_type(), " ", packed.sizes());
+              "packed weight must be a contiguous float32 or bfloat16 [ceil(", out_features, " / 16), ",
+              in_features, ", 16] tensor, got ", packed.scalar_type(), " ", packed.sizes());
 }
 
-void pack_bf16_weight_op(const at::Tensor& packed, const at::Tensor& weight) {
+void pack_weight_op(const at::Tensor& packed, const at::Tensor& weight) {
   const Dtype dtype = dtype_of(weight, "weight");
   TORCH_CHECK(weight.dim() == 2 && (weight.stride(1) == 1 || weight.size(1) <= 1),
               "weight must be [out_features, in_features] with contiguous rows");
   check_packed(packed, weight.size(0), weight.size(1));
-  pack_bf16_weight({weight.const_data_ptr(), dtype, weight.stride(0), weight.size(0), weight.size(1),
-                    packed.data_ptr()});
+  pack_weight({weight.const_data_ptr(), dtype, weight.stride(0), weight.size(0), weight.size(1), packed.data_ptr(),
+               dtype_of(packed, "packed")});
 }
 
 void packed_linear_op(const at::Tensor& out, const at::Tensor& x, const at::Tensor& packed,
@@ -265,6 +267,7 @@ void packed_linear_op(const at::Tensor& out, const at::Tensor& x, const at::Tens
   args.out_features = out.size(1);
   check_packed(packed, args.out_features, args.in_features);
   args.weight = packed.const_data_ptr();
+  args.weight_dtype = dtype_of(packed, "packed");
   args.bias = nullptr;
   args.bias_dtype = Dtype::kFloat32;
   if (bias.has_value()) {
@@ -293,7 +296,7 @@ TORCH_LIBRARY(mmserve_cpu, m) {
   m.def(
       "mrope(Tensor(a!) query, Tensor(b!) key, Tensor positions, Tensor cos_cache, Tensor sin_cache, "
       "Tensor row_of_channel) -> ()");
-  m.def("pack_bf16_weight(Tensor(a!) packed, Tensor weight) -> ()");
+  m.def("pack_weight(Tensor(a!) packed, Tensor weight) -> ()");
   m.def("packed_linear(Tensor(a!) out, Tensor x, Tensor packed, Tensor? bias) -> ()");
 }
 
@@ -305,6 +308,6 @@ TORCH_LIBRARY_IMPL(mmserve_cpu, CPU, m) {
   m.impl("fused_add_rms_norm", &mmserve::fused_add_rms_norm_op);
   m.impl("silu_and_mul", &mmserve::silu_and_mul_op);
   m.impl("mrope", &mmserve::mrope_op);
-  m.impl("pack_bf16_weight", &mmserve::pack_bf16_weight_op);
+  m.impl("pack_weight", &mmserve::pack_weight_op);
   m.impl("packed_linear", &mmserve::packed_linear_op);
 }

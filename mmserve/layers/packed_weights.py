@@ -53,22 +53,26 @@ class PatchProjection(PacksWeight, nn.Module):
 
 def pack_linear_weights(
     model: nn.Module,
-    pack: Callable[[torch.Tensor], LinearMethod] | None,
+    pack: Callable[..., LinearMethod] | None,
     keep_plain: nn.Module | None = None,
+    large_rows_only: nn.Module | None = None,
 ) -> int:
-    """Give every `PacksWeight` layer of `model` the method `pack` makes for its weight (none
-    when `pack` is None), except the layers inside `keep_plain` (e.g. a language model that
-    torch.compile traces as plain torch). Returns the number of layers packed."""
+    """Give every `PacksWeight` layer of `model` the method `pack(weight, small_rows)` makes for
+    its weight (none when `pack` is None), except the layers inside `keep_plain` (e.g. a language
+    model that torch.compile traces as plain torch). `small_rows` is False inside
+    `large_rows_only` (e.g. a vision tower, which never runs a decode step's few rows).
+    Returns the number of layers packed."""
     if pack is None:
         return 0
     plain = set() if keep_plain is None else {id(m) for m in keep_plain.modules()}
+    large = set() if large_rows_only is None else {id(m) for m in large_rows_only.modules()}
     uses = Counter(id(p) for _, p in model.named_parameters(remove_duplicate=False))
     packed = 0
     for module in model.modules():
         if not isinstance(module, PacksWeight) or id(module) in plain or module.weight is None:
             continue
         weight = module.weight
-        module.linear_method = pack(weight.data.flatten(1))
+        module.linear_method = pack(weight.data.flatten(1), small_rows=id(module) not in large)
         if uses[id(weight)] == 1:
             module.weight = None  # the method holds the only copy the model needs
         packed += 1

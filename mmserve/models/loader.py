@@ -84,5 +84,10 @@ def load_model(
                 setattr(module, name, buf.float())
     use_kernels(model, backend.kernels)
     pack = backend.kernels.pack_linear if envs.cpu_linear() == "packed" else None
-    pack_linear_weights(model, pack, keep_plain=model.model if compiled_language_model else None)
+    pack_linear_weights(
+        model,
+        pack,
+        keep_plain=model.model if compiled_language_model else None,
+        large_rows_only=getattr(model, "visual", None),
+    )
     return model.eval()

@@ -20,7 +20,7 @@ __all__ = [
     "fused_add_rms_norm",
     "is_available",
     "mrope",
-    "pack_bf16_weight",
+    "pack_weight",
     "packed_linear",
     "paged_attention",
     "quick_gelu",
@@ -120,19 +120,20 @@ def mrope(
 PANEL_COLUMNS = 16  # output columns per panel of a packed weight (csrc/linear.cpp)
 
 
-def pack_bf16_weight(weight: torch.Tensor) -> torch.Tensor:
-    """weight: [N, K] float32 or bfloat16 → bfloat16 panels [ceil(N / 16), K, 16] for
-    `packed_linear` (float32 weights are rounded to bfloat16)."""
+def pack_weight(weight: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """weight: [N, K] float32 or bfloat16 → panels [ceil(N / 16), K, 16] of `dtype` (float32 or
+    bfloat16; the weight's own when None) for `packed_linear`; a float32 weight packed as
+    bfloat16 is rounded."""
     out_features, in_features = weight.shape
     panels = -(-out_features // PANEL_COLUMNS)
-    packed = torch.empty(panels, in_features, PANEL_COLUMNS, dtype=torch.bfloat16)  # [P, K, 16]
-    ops().pack_bf16_weight.default(packed, weight)
+    packed = torch.empty(panels, in_features, PANEL_COLUMNS, dtype=dtype or weight.dtype)  # [P, K, 16]
+    ops().pack_weight.default(packed, weight)
     return packed
 
 
 def packed_linear(
     x: torch.Tensor,  # [M, K] float32 or bfloat16, rows may be strided
-    packed: torch.Tensor,  # from pack_bf16_weight
+    packed: torch.Tensor,  # from pack_weight
     bias: torch.Tensor | None,  # [N]
     out_features: int,
 ) -> torch.Tensor:  # [M, N] in x's dtype

@@ -31,7 +31,7 @@ class Kernels:
     silu_and_mul: Callable[[torch.Tensor], torch.Tensor]
     mrope: Callable[..., tuple[torch.Tensor, torch.Tensor]]
     varlen_attention: Callable[..., torch.Tensor]
-    pack_linear: Callable[[torch.Tensor], LinearMethod] | None = None
+    pack_linear: Callable[..., LinearMethod] | None = None  # (weight, small_rows) → method
     vision_rotary: Callable[..., torch.Tensor] = reference.vision_rotary
     quick_gelu: Callable[[torch.Tensor], torch.Tensor] = reference.quick_gelu
 

@@ -1,13 +1,22 @@
 """Linear-layer methods on the CPU: a weight packed once, after loading, into the layout the
 fastest matmul here reads, and the call that reads it.
 
-`pack_cpu_linear` chooses once per weight, by dtype (figures: BENCHMARKS.md, "CPU linear layers"):
-- float32: oneDNN's prepacked weight (`torch.ops.mkldnn`, as vLLM's CPU backend uses oneDNN),
-  faster than MKL's sgemm at every M measured (1–2048) on an AVX2 AMD EPYC, so the only copy;
-- bfloat16 where oneDNN computes in bfloat16 (AVX512-BF16, AMX, AVX-NE-CONVERT): the same;
+`pack_cpu_linear` chooses once per weight, by dtype and by whether the layer runs at small row
+counts (a language model's layers: every decode step reads the whole weight for a few rows) or
+only at large ones (a vision tower's). Measured with `benchmarks/linear_cpu.py` on a 2-core AVX2
+AMD EPYC (BENCHMARKS.md, "CPU linear layers", has the earlier figures):
+- float32, small rows: csrc's `packed_linear` over float32 panels: 1.4× (M=1) to 1.7× (M=8-16)
+  oneDNN's matmul on one thread, K=768 N=3072; at M=512 on one thread level with oneDNN for the
+  language model's shapes (K=768, 2048), but 0.8× on two threads at M=512-2048 under load, so a
+  float32 prefill pays that in its linears;
+- float32, large rows only: oneDNN's prepacked weight (`torch.ops.mkldnn`, as vLLM's CPU backend
+  uses oneDNN): faster than MKL's sgemm at every M, and than the panels at K=2560 N=640 (the
+  vision MLP's down projection: 0.77× for the panels at M=512);
+- bfloat16 where oneDNN computes in bfloat16 (AVX512-BF16, AMX, AVX-NE-CONVERT): oneDNN;
 - bfloat16 elsewhere (AVX2 + FMA): csrc's `packed_linear`, bfloat16 panels accumulated in
   float32, half the bytes of a float32 weight where a step is memory-bound;
 - anything else: the plain weight and `F.linear`, the reference.
+Each weight gets one method, so the model holds one copy of it.
 """
 
 from __future__ import annotations
@@ -69,15 +78,16 @@ class OneDnnLinear(LinearMethod):
         return self.out_features * self.in_features * self.dtype.itemsize
 
 
-class PackedBf16Linear(LinearMethod):
-    """csrc's `packed_linear` over bfloat16 panels of the weight (mmserve.ops.cpu)."""
+class PanelLinear(LinearMethod):
+    """csrc's `packed_linear` over 16-column panels of the weight in its own dtype, float32 or
+    bfloat16 (mmserve.ops.cpu)."""
 
     def __init__(self, weight: torch.Tensor) -> None:
         from mmserve.ops import cpu
 
         super().__init__(weight)
         self._cpu = cpu
-        self.packed = cpu.pack_bf16_weight(weight.detach())  # [ceil(N / 16), K, 16] bfloat16
+        self.packed = cpu.pack_weight(weight.detach())  # [ceil(N / 16), K, 16] in weight's dtype
 
     def __call__(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         rows = x.reshape(-1, self.in_features)  # [M, K]
@@ -104,11 +114,14 @@ def onednn_supports(dtype: torch.dtype) -> bool:
     return bool((out == 8).all())
 
 
-def pack_cpu_linear(weight: torch.Tensor) -> LinearMethod:
+def pack_cpu_linear(weight: torch.Tensor, small_rows: bool = True) -> LinearMethod:
     """The fastest method for `weight` [out_features, in_features] on this CPU (module docstring);
-    it holds its own copy of the weight, so the caller may drop the plain one."""
+    `small_rows`: the layer also runs at a few rows (decode). The method holds its own copy of
+    the weight, so the caller may drop the plain one."""
+    if weight.dtype == torch.float32 and small_rows:
+        return PanelLinear(weight)
     if weight.dtype in (torch.float32, torch.bfloat16) and onednn_supports(weight.dtype):
         return OneDnnLinear(weight)
     if weight.dtype == torch.bfloat16:
-        return PackedBf16Linear(weight)
+        return PanelLinear(weight)
     return PlainLinear(weight)

@@ -76,6 +76,26 @@ def test_layers_under_keep_plain_are_not_packed():
     assert model.head.linear_method is not None
 
 
+def test_layers_under_large_rows_only_are_packed_for_large_row_counts():
+    model = loaded(torch.float32)
+    mlp = nn.ModuleList([model.up, model.down])
+    calls = []
+
+    def pack(weight: torch.Tensor, small_rows: bool) -> linear.LinearMethod:
+        calls.append((weight.shape, small_rows))
+        return linear.pack_cpu_linear(weight, small_rows)
+
+    pack_linear_weights(model, pack, large_rows_only=mlp)
+    assert sorted(calls) == sorted([((48, 16), True), ((32, 16), False), ((16, 32), False), ((48, 16), True)])
+    assert isinstance(model.head.linear_method, linear.PanelLinear)
+    with torch.no_grad():
+        ids = torch.tensor([3, 9])
+        x = model.embed(ids)
+        torch.testing.assert_close(
+            model.down(model.up(x)), loaded(torch.float32).down(loaded(torch.float32).up(x))
+        )
+
+
 def test_no_pack_function_leaves_every_layer_plain():
     model = loaded(torch.float32)
     assert pack_linear_weights(model, None) == 0

@@ -122,7 +122,7 @@ def test_scalar_build_for_cpus_without_avx2_matches_the_references():
         want = reference.rms_norm(x, w, 1e-6)
         torch.testing.assert_close(cpu.rms_norm(x, w, 1e-6), want, rtol=2**-7, atol=1e-5)
         x, w, b = torch.randn(7, 40).bfloat16(), torch.randn(21, 40).bfloat16(), torch.randn(21)
-        got = cpu.packed_linear(x, cpu.pack_bf16_weight(w), b, 21)
+        got = cpu.packed_linear(x, cpu.pack_weight(w, torch.bfloat16), b, 21)
         torch.testing.assert_close(got, reference.linear(x, w, b), rtol=2**-7, atol=1e-4)
         print("ok")
     """)

@@ -1,6 +1,6 @@
-"""The CPU linear methods against mmserve.ops.reference: the C++ kernel over bfloat16 panels
-(every tile height, panel tails, strided rows, bias or none, both input dtypes) and oneDNN's
-packed float32 matmul, and the choice between them."""
+"""The CPU linear methods against mmserve.ops.reference: the C++ kernel over float32 and
+bfloat16 panels (every tile height, panel tails, odd K, strided rows, bias or none, both input
+dtypes, random shapes) and oneDNN's packed float32 matmul, and the choice between them."""
 
 from __future__ import annotations
 
@@ -32,10 +32,49 @@ def test_packed_linear_matches_reference_in_bfloat16(rows, out_features, in_feat
     x = strided_rows(rows, in_features, torch.bfloat16, seed=rows)
     weight = torch.randn(out_features, in_features, generator=torch.Generator().manual_seed(7)).bfloat16()
     bias = torch.randn(out_features).bfloat16() if with_bias else None
-    got = cpu.packed_linear(x, cpu.pack_bf16_weight(weight), bias, out_features)
+    got = cpu.packed_linear(x, cpu.pack_weight(weight, torch.bfloat16), bias, out_features)
     want = reference.linear(x, weight, bias)
     assert got.dtype == torch.bfloat16 and got.shape == (rows, out_features)
     torch.testing.assert_close(got, want, **bf16_tolerance(in_features))
+
+
+@pytest.mark.parametrize("rows", ROWS)
+@pytest.mark.parametrize(("out_features", "in_features"), [(1, 1), (16, 7), (17, 64), (40, 129)])
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_float32_panels_match_reference_in_float32(rows, out_features, in_features, with_bias):
+    x = strided_rows(rows, in_features, torch.float32, seed=rows)
+    weight = torch.randn(out_features, in_features, generator=torch.Generator().manual_seed(7))
+    bias = torch.randn(out_features) if with_bias else None
+    packed = cpu.pack_weight(weight)
+    assert packed.dtype == torch.float32
+    got = cpu.packed_linear(x, packed, bias, out_features)
+    assert got.dtype == torch.float32 and got.shape == (rows, out_features)
+    torch.testing.assert_close(got, reference.linear(x, weight, bias), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("seed", range(12))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_panels_match_reference_on_random_shapes(seed, dtype):
+    """M 1..16 (decode) or up to 300 (prefill), K and N anywhere up to a few hundred: K blocks,
+    panel tails and row chunks at every offset."""
+    generator = torch.Generator().manual_seed(seed)
+    draw = lambda low, high: int(torch.randint(low, high, (1,), generator=generator))
+    rows = draw(1, 17) if seed % 2 == 0 else draw(17, 300)
+    in_features, out_features = draw(1, 600), draw(1, 200)
+    x = torch.randn(rows, in_features, generator=generator).to(dtype)
+    weight = torch.randn(out_features, in_features, generator=generator).to(dtype)
+    bias = torch.randn(out_features, generator=generator).to(dtype) if seed % 3 else None
+    got = cpu.packed_linear(x, cpu.pack_weight(weight), bias, out_features)
+    if dtype == torch.bfloat16:
+        torch.testing.assert_close(got, reference.linear(x, weight, bias), **bf16_tolerance(in_features))
+        return
+    # float32: within 1e-5 of the exact sum, relative to the sum of the terms' magnitudes (the
+    # bound of any float32 summation order, which a plain rtol/atol misstates near zero).
+    exact = reference.linear(x.double(), weight.double(), None if bias is None else bias.double())
+    magnitude = reference.linear(
+        x.double().abs(), weight.double().abs(), None if bias is None else bias.double().abs()
+    )
+    assert ((got.double() - exact).abs() <= 1e-5 * magnitude + 1e-30).all()
 
 
 @pytest.mark.parametrize("rows", [1, 6, 49])
@@ -44,14 +83,14 @@ def test_packed_linear_with_float32_rows_rounds_only_the_weight(rows):
     the sums stay float32 (to float32 accuracy against the rounded weight)."""
     x = strided_rows(rows, 96, torch.float32, seed=3)
     weight, bias = torch.randn(33, 96), torch.randn(33)
-    got = cpu.packed_linear(x, cpu.pack_bf16_weight(weight), bias, 33)
+    got = cpu.packed_linear(x, cpu.pack_weight(weight, torch.bfloat16), bias, 33)
     want = reference.linear(x, weight.bfloat16().float(), bias)
     assert got.dtype == torch.float32
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-4)
 
 
 def test_packed_linear_rejects_a_weight_packed_for_another_shape():
-    packed = cpu.pack_bf16_weight(torch.randn(32, 8).bfloat16())
+    packed = cpu.pack_weight(torch.randn(32, 8).bfloat16())
     with pytest.raises(RuntimeError, match="packed weight must be"):
         cpu.packed_linear(torch.randn(2, 9).bfloat16(), packed, None, 32)
     with pytest.raises(RuntimeError, match="packed weight must be"):
@@ -60,7 +99,7 @@ def test_packed_linear_rejects_a_weight_packed_for_another_shape():
 
 def test_packed_bf16_method_keeps_leading_dimensions():
     weight = torch.randn(24, 32).bfloat16()
-    method = linear.PackedBf16Linear(weight)
+    method = linear.PanelLinear(weight)
     x = torch.randn(2, 3, 32).bfloat16()  # [batch, tokens, in]
     got = method(x)
     assert got.shape == (2, 3, 24)
@@ -79,10 +118,12 @@ def test_onednn_method_matches_f_linear_in_float32(rows):
     assert method(x).shape == (rows, 48)
 
 
-def test_pack_cpu_linear_chooses_by_dtype():
+def test_pack_cpu_linear_chooses_by_dtype_and_row_counts():
     assert isinstance(linear.pack_cpu_linear(torch.randn(8, 8, dtype=torch.float64)), linear.PlainLinear)
-    fp32 = linear.pack_cpu_linear(torch.randn(8, 8))
+    fp32_decode = linear.pack_cpu_linear(torch.randn(8, 8))
+    fp32_large = linear.pack_cpu_linear(torch.randn(8, 8), small_rows=False)
     bf16 = linear.pack_cpu_linear(torch.randn(8, 8).bfloat16())
     onednn_fp32, onednn_bf16 = linear.onednn_supports(torch.float32), linear.onednn_supports(torch.bfloat16)
-    assert isinstance(fp32, linear.OneDnnLinear if onednn_fp32 else linear.PlainLinear)
-    assert isinstance(bf16, linear.OneDnnLinear if onednn_bf16 else linear.PackedBf16Linear)
+    assert isinstance(fp32_decode, linear.PanelLinear) and fp32_decode.packed.dtype == torch.float32
+    assert isinstance(fp32_large, linear.OneDnnLinear if onednn_fp32 else linear.PlainLinear)
+    assert isinstance(bf16, linear.OneDnnLinear if onednn_bf16 else linear.PanelLinear)
