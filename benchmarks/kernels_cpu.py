@@ -27,7 +27,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from mmserve.layers.activation import silu_and_mul as torch_silu_and_mul
+from mmserve.layers.activation import SiluAndMul
 from mmserve.layers.attention import AttentionMetadata
 from mmserve.layers.attention.torch_backend import TorchAttentionBackend
 from mmserve.layers.norm import RMSNorm
@@ -209,7 +209,7 @@ def rowwise_cases(tokens: int, rounds: int) -> list[Result]:
             },
             "silu_and_mul": {
                 "kernel": lambda: cpu.silu_and_mul(gate_up),
-                "engine": lambda: torch_silu_and_mul(gate_up),
+                "engine": lambda: SiluAndMul()(gate_up),
                 "reference": lambda: reference.silu_and_mul(gate_up),
             },
             "mrope": {

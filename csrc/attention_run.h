@@ -8,6 +8,7 @@
 #include <atomic>
 #include <vector>
 
+#include "attention_decode.h"
 #include "attention_plan.h"
 #include "attention_tile.h"
 
@@ -84,7 +85,11 @@ void run_item(const WorkItem& item, const Problem& problem, const RowView<const 
               const RowView<q_t>& out, const Keys& keys, Partials& partials) {
   FlashTile* tiles = thread_tiles(item.num_groups);
   for (int g = 0; g < item.num_groups; ++g) load_queries(tiles[g], item, item.head_group + g, problem, query);
-  attend(tiles, item.num_groups, keys, item.key_begin, item.key_end);
+  if (item.num_queries == 1) {  // a decode row: sees every key of its range
+    attend_decode(tiles, item.num_groups, keys, item.key_begin, item.key_end);
+  } else {
+    attend(tiles, item.num_groups, keys, item.key_begin, item.key_end);
+  }
   for (int g = 0; g < item.num_groups; ++g) {
     const int64_t partial = item.partial < 0 ? -1 : item.partial + g * item.partial_group_stride;
     store_results(tiles[g], item, item.head_group + g, partial, problem, out, partials);
