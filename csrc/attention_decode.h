@@ -6,9 +6,10 @@
 // it compute-bound: K/V rows are read where they lie and bfloat16 is widened in registers (no
 // copy into a buffer); each K/V vector, once in a register, serves up to kDecodeHeads query heads;
 // the scores of a key block are reduced across lanes together (hadd trees); the softmax runs on
-// vectors of kDecodeKeys scores; the accumulator's rescale is folded into the P·V pass; and no
-// causal mask is needed (a decode row sees every key of its context). The tile's state
-// (FlashTile) is shared, so split items and their merge work as for the tile engine.
+// vectors of kDecodeKeys scores; the accumulator's rescale is folded into the P·V pass; the next
+// step's K/V lines are prefetched while this step computes; and no causal mask is needed (a
+// decode row sees every key of its context). The tile's state (FlashTile) is shared, so split
+// items and their merge work as for the tile engine.
 #pragma once
 
 #include <algorithm>
@@ -33,7 +34,7 @@ struct DecodeHeads {
   int head_dim;
 };
 
-// scores[i * kDecodeKeys + j] = q_i · k_j for MR heads and kDecodeBlockKeys keys (rows k[j] + offset).
+// scores[i * kDecodeKeys + j] = q_i · k_j for MR heads and the kDecodeBlockKeys key rows k[j].
 template <int MR, typename kv_t>
 inline void decode_scores(const DecodeHeads& heads, const kv_t* const* k, float* scores) {
   constexpr int N = MR * kDecodeBlockKeys;
