@@ -9,9 +9,11 @@ neighbour's burst hits all of them alike), and the median of the rounds is repor
 ratios to the kernel. Attention uses Qwen2-VL-2B's shapes (12 query heads, 2 kv heads,
 head_dim 128, block size 16) in float32: decode at batch 1/8/32 with contexts 256–2048 against
 TorchAttentionBackend (both sides also write the step's k/v) and the ops reference, and a
-512-token prefill chunk against the backend and against SDPA on contiguous tensors. Decode
-attention's achieved bandwidth (bytes of K/V read ÷ time) is printed next to a STREAM-style
-copy and a read-only sum measured in the same run with the same threads.
+512-token prefill chunk against the backend and against SDPA on contiguous tensors; then the
+mid test model's shapes (12 query heads, 4 kv heads, head_dim 64) decoding at batch 1/8 in
+float32 and bfloat16. Decode attention's achieved bandwidth (bytes of K/V read ÷ time) is
+printed next to a STREAM-style copy and a read-only sum measured in the same run with the same
+threads.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from mmserve.layers.activation import silu_and_mul as torch_silu_and_mul
+from mmserve.layers.activation import SiluAndMul
 from mmserve.layers.attention import AttentionMetadata
 from mmserve.layers.attention.torch_backend import TorchAttentionBackend
 from mmserve.layers.norm import RMSNorm
@@ -37,6 +39,18 @@ from mmserve.ops.sdpa import varlen_attention_sdpa as torch_varlen_attention
 
 HEADS, KV_HEADS, HEAD_DIM, BLOCK = 12, 2, 128, 16
 HIDDEN, INTERMEDIATE = 1536, 8960
+
+
+@dataclass(frozen=True)
+class AttentionShape:
+    name: str
+    heads: int
+    kv_heads: int
+    head_dim: int
+
+
+QWEN2_VL_2B = AttentionShape("2B", HEADS, KV_HEADS, HEAD_DIM)
+MID = AttentionShape("mid", 12, 4, 64)  # the mid test model (mmserve.testing.checkpoints)
 
 
 @dataclass
@@ -66,7 +80,13 @@ def time_interleaved(candidates: dict[str, Callable[[], object]], rounds: int) -
     return {name: statistics.median(values) for name, values in samples.items()}
 
 
-def paged_step(query_lens: list[int], seq_lens: list[int], seed: int = 0):
+def paged_step(
+    query_lens: list[int],
+    seq_lens: list[int],
+    seed: int = 0,
+    shape: AttentionShape = QWEN2_VL_2B,
+    dtype: torch.dtype = torch.float32,
+):
     """A step's q/k/v, a shuffled paged cache holding each context and its metadata."""
     rng = np.random.default_rng(seed)
     needed = [-(-s // BLOCK) for s in seq_lens]
@@ -93,24 +113,32 @@ def paged_step(query_lens: list[int], seq_lens: list[int], seed: int = 0):
         max_query_len=max(query_lens),
         max_seq_len=max(seq_lens),
     )
-    q = torch.randn(num_tokens, HEADS, HEAD_DIM)
-    k, v = torch.randn(num_tokens, KV_HEADS, HEAD_DIM), torch.randn(num_tokens, KV_HEADS, HEAD_DIM)
-    cache = torch.randn(2, num_blocks, BLOCK, KV_HEADS, HEAD_DIM)
+    heads, kv_heads, head_dim = shape.heads, shape.kv_heads, shape.head_dim
+    q = torch.randn(num_tokens, heads, head_dim).to(dtype)
+    k, v = (torch.randn(num_tokens, kv_heads, head_dim).to(dtype) for _ in range(2))
+    cache = torch.randn(2, num_blocks, BLOCK, kv_heads, head_dim).to(dtype)
     return q, k, v, cache, meta
 
 
 def kernel_forward(q, k, v, cache, meta, out):
     cpu.write_kv(k, v, cache, meta.slot_mapping)
     return cpu.paged_attention(
-        q, cache, meta.query_start_loc, meta.seq_lens, meta.block_table, HEAD_DIM**-0.5, out=out
+        q, cache, meta.query_start_loc, meta.seq_lens, meta.block_table, q.shape[-1] ** -0.5, out=out
     )
 
 
-def decode_case(batch: int, context: int, rounds: int, stream_read_gbs: float) -> Result:
-    q, k, v, cache, meta = paged_step([1] * batch, [context] * batch)
+def decode_case(
+    batch: int,
+    context: int,
+    rounds: int,
+    stream_read_gbs: float,
+    shape: AttentionShape = QWEN2_VL_2B,
+    dtype: torch.dtype = torch.float32,
+) -> Result:
+    q, k, v, cache, meta = paged_step([1] * batch, [context] * batch, shape=shape, dtype=dtype)
     out = torch.empty_like(q)
     backend = TorchAttentionBackend()
-    scale = HEAD_DIM**-0.5
+    scale = shape.head_dim**-0.5
     args = (meta.query_start_loc, meta.seq_lens, meta.block_table, scale)
     ms = time_interleaved(
         {
@@ -121,10 +149,11 @@ def decode_case(batch: int, context: int, rounds: int, stream_read_gbs: float) -
         },
         rounds,
     )
-    kv_bytes = batch * context * KV_HEADS * HEAD_DIM * 2 * cache.element_size()
+    kv_bytes = batch * context * shape.kv_heads * shape.head_dim * 2 * cache.element_size()
     gbs = kv_bytes / ms["attention only"] / 1e9
+    label = "" if shape == QWEN2_VL_2B and dtype == torch.float32 else f" {shape.name} {str(dtype)[6:]}"
     return Result(
-        f"decode b={batch} ctx={context}",
+        f"decode{label} b={batch} ctx={context}",
         ms,
         {"K/V GB/s": gbs, "% of read BW": 100 * gbs / stream_read_gbs},
     )
@@ -209,7 +238,7 @@ def rowwise_cases(tokens: int, rounds: int) -> list[Result]:
             },
             "silu_and_mul": {
                 "kernel": lambda: cpu.silu_and_mul(gate_up),
-                "engine": lambda: torch_silu_and_mul(gate_up),
+                "engine": lambda: SiluAndMul()(gate_up),
                 "reference": lambda: reference.silu_and_mul(gate_up),
             },
             "mrope": {
@@ -244,7 +273,7 @@ def print_result(result: Result) -> None:
         f"{name}/kernel {ms / kernel:6.2f}x" for name, ms in result.ms.items() if name != "kernel"
     )
     extra = "  ".join(f"{name} {value:.1f}" for name, value in result.extra.items())
-    print(f"{result.case:<28} {timings}  | {ratios}  {extra}", flush=True)
+    print(f"{result.case:<38} {timings}  | {ratios}  {extra}", flush=True)
 
 
 def run(threads: int, rounds: int) -> dict:
@@ -257,6 +286,11 @@ def run(threads: int, rounds: int) -> dict:
         for context in (256, 512, 1024, 2048):
             results.append(decode_case(batch, context, rounds, bandwidth["read GB/s"]))
             print_result(results[-1])
+    for dtype in (torch.float32, torch.bfloat16):
+        for batch in (1, 8):
+            for context in (512, 2048):
+                results.append(decode_case(batch, context, rounds, bandwidth["read GB/s"], MID, dtype))
+                print_result(results[-1])
     for chunk, context in ((512, 512), (512, 2048)):
         results.append(prefill_case(chunk, context, rounds))
         print_result(results[-1])

@@ -56,11 +56,14 @@ void add_items(Plan& plan, const Tile& tile, int32_t first_group, int32_t num_gr
   const int64_t splits = ceil_div(tile.key_end, split_len);
   if (splits == 1) {
     plan.items.push_back({tile.sequence, first_group, num_groups, tile.query_offset, tile.num_queries, 0,
-                          tile.key_end, -1, 0, items_tile.cost});
+                          tile.key_end, -1, 0, items_tile.cost, -1});
     return;
   }
   // Partial slot of split s and group g: base + g * splits + s, so each merge reads consecutive slots.
   const int64_t base = plan.num_partials;
+  const auto split_set = static_cast<int32_t>(plan.split_sets.size());
+  plan.split_sets.push_back(
+      {static_cast<int32_t>(plan.merges.size()), num_groups, static_cast<int32_t>(splits)});
   for (int32_t g = 0; g < num_groups; ++g)
     plan.merges.push_back({tile.sequence, first_group + g, tile.query_offset, tile.num_queries, base + g * splits,
                            static_cast<int32_t>(splits)});
@@ -70,7 +73,7 @@ void add_items(Plan& plan, const Tile& tile, int32_t first_group, int32_t num_gr
     const int64_t cost =
         static_cast<int64_t>(tile.num_queries) * rows_per_token * num_groups * (end - begin + kItemOverhead);
     plan.items.push_back({tile.sequence, first_group, num_groups, tile.query_offset, tile.num_queries, begin, end,
-                          base + split, splits, cost});
+                          base + split, splits, cost, split_set});
   }
   plan.num_partials += splits * num_groups;
 }

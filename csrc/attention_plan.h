@@ -6,8 +6,8 @@
 // head are read in one sweep), query tiles (enough query tokens that tokens × group size fills
 // a tile), and, when
 // an item is large compared with a core's share of the call, its keys (split-KV). Split items
-// write unnormalised partial results that a second pass merges, so one long context or one long
-// prompt never leaves a core idle. Items are handed out longest first from a shared counter.
+// write unnormalised partial results that the last of them to finish merges, so one long context
+// or one long prompt never leaves a core idle. Items are handed out longest first from a shared counter.
 #pragma once
 
 #include <cstdint>
@@ -33,6 +33,7 @@ struct WorkItem {
   int64_t partial;  // -1: normalise straight into out; else the first group's partial slot
   int64_t partial_group_stride;  // slots from one group's partial to the next group's
   int64_t cost;
+  int32_t split_set;  // -1: not split; else the index of its SplitSet
 };
 
 // The splits of one query tile, merged into out after all items ran.
@@ -45,9 +46,18 @@ struct MergeGroup {
   int32_t num_splits;
 };
 
+// The items that split one query tile and the merges of their results: whichever item finishes
+// last runs the merges, so the call needs no second parallel pass.
+struct SplitSet {
+  int32_t first_merge;
+  int32_t num_merges;  // one per head group of the items
+  int32_t num_splits;  // items in the set
+};
+
 struct Plan {
   std::vector<WorkItem> items;  // longest first
   std::vector<MergeGroup> merges;
+  std::vector<SplitSet> split_sets;
   int64_t num_partials = 0;
   int max_rows = 0;  // query rows (tokens × group size) of the largest tile of one group
 };

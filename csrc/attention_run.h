@@ -1,13 +1,15 @@
-// Runs a Plan: every work item on the CPU cores (longest first, from a shared counter), then
-// the merge of split items. Shared by paged attention and varlen attention, which differ only
+// Runs a Plan: every work item on the CPU cores (longest first, from a shared counter), and
+// the merge of each set of split items by the last of them to finish, in one parallel pass. Shared by paged attention and varlen attention, which differ only
 // in where a sequence's keys and values live (the `make_keys` callback).
 #pragma once
 
 #include <ATen/Parallel.h>
 
 #include <atomic>
+#include <memory>
 #include <vector>
 
+#include "attention_decode.h"
 #include "attention_plan.h"
 #include "attention_tile.h"
 
@@ -84,7 +86,11 @@ void run_item(const WorkItem& item, const Problem& problem, const RowView<const 
               const RowView<q_t>& out, const Keys& keys, Partials& partials) {
   FlashTile* tiles = thread_tiles(item.num_groups);
   for (int g = 0; g < item.num_groups; ++g) load_queries(tiles[g], item, item.head_group + g, problem, query);
-  attend(tiles, item.num_groups, keys, item.key_begin, item.key_end);
+  if (item.num_queries == 1) {  // a decode row: sees every key of its range
+    attend_decode(tiles, item.num_groups, keys, item.key_begin, item.key_end);
+  } else {
+    attend(tiles, item.num_groups, keys, item.key_begin, item.key_end);
+  }
   for (int g = 0; g < item.num_groups; ++g) {
     const int64_t partial = item.partial < 0 ? -1 : item.partial + g * item.partial_group_stride;
     store_results(tiles[g], item, item.head_group + g, partial, problem, out, partials);
@@ -131,6 +137,12 @@ void run_plan(const Plan& plan, const Problem& problem, const RowView<const q_t>
   partials.max.resize(slots);
   partials.sum.resize(slots);
 
+  // Splits of each set still running; the item that brings its set's count to 0 merges it
+  // (acq_rel: that item sees every other split's partial results).
+  const size_t num_sets = plan.split_sets.size();
+  std::unique_ptr<std::atomic<int32_t>[]> running(new std::atomic<int32_t>[num_sets]);
+  for (size_t s = 0; s < num_sets; ++s) running[s].store(plan.split_sets[s].num_splits, std::memory_order_relaxed);
+
   const int64_t num_items = static_cast<int64_t>(plan.items.size());
   std::atomic<int64_t> next{0};
   const int64_t workers = std::min<int64_t>(at::get_num_threads(), num_items);
@@ -138,10 +150,11 @@ void run_plan(const Plan& plan, const Problem& problem, const RowView<const q_t>
     for (int64_t i = next.fetch_add(1); i < num_items; i = next.fetch_add(1)) {
       const WorkItem& item = plan.items[i];
       run_item(item, problem, query, out, make_keys(item.sequence, item.head_group), partials);
+      if (item.split_set < 0 || running[item.split_set].fetch_sub(1, std::memory_order_acq_rel) != 1) continue;
+      const SplitSet& set = plan.split_sets[item.split_set];
+      for (int32_t m = set.first_merge; m < set.first_merge + set.num_merges; ++m)
+        merge_group(plan.merges[m], problem, out, partials);
     }
-  });
-  at::parallel_for(0, static_cast<int64_t>(plan.merges.size()), 1, [&](int64_t begin, int64_t end) {
-    for (int64_t m = begin; m < end; ++m) merge_group(plan.merges[m], problem, out, partials);
   });
 }
 

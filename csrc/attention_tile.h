@@ -1,5 +1,6 @@
-// The inner loop of every attention kernel: a block of query rows attends a run of keys, one
-// tile of keys at a time, with an online softmax (flash attention on a CPU core).
+// The inner loop of the attention kernels for prompt chunks and image segments (decode rows take
+// attention_decode.h): a block of query rows attends a run of keys, one tile of keys at a time,
+// with an online softmax (flash attention on a CPU core).
 //
 // Query rows are packed once into float32 (pre-multiplied by the softmax scale). Keys and
 // values are read through row pointers, so a tile may span any number of cache blocks and no
@@ -7,7 +8,7 @@
 // widened into a per-thread tile buffer first. Register-blocked micro-kernels compute
 // scores = Q·Kᵀ and acc += P·V (attention_microkernels.h); the query heads that share a kv head
 // are rows of the same tile, so each K/V row comes from memory once per head group. Items with
-// few rows (decode) prefetch the next tile's rows while computing the current one.
+// few rows (a few query tokens) prefetch the next tile's rows while computing the current one.
 #pragma once
 
 #include <algorithm>
@@ -54,6 +55,12 @@ class FlashTile {
   const float* acc(int i) const { return acc_.data() + static_cast<int64_t>(i) * head_dim_; }
   float row_max(int i) const { return max_[i]; }
   float row_sum(int i) const { return sum_[i]; }
+
+  // The raw state, for the decode kernel (attention_decode.h), which keeps this layout.
+  const float* query(int i) const { return query_.data() + static_cast<int64_t>(i) * head_dim_; }
+  float* mutable_acc(int i) { return acc_.data() + static_cast<int64_t>(i) * head_dim_; }
+  float* mutable_max() { return max_.data(); }
+  float* mutable_sum() { return sum_.data(); }
 
   // Writes row i normalised by its softmax sum into dst (head_dim elements).
   template <typename out_t>

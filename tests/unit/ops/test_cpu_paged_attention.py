@@ -111,28 +111,72 @@ def test_random_mixed_steps_match_reference(heads, head_dim, block_size, dtype):
         check(random_step(rng, heads, head_dim, block_size, dtype))
 
 
+def step_of(
+    rng: np.random.Generator,
+    lengths: list[tuple[int, int]],  # (queries, context) per request
+    heads: tuple[int, int],
+    head_dim: int,
+    dtype: torch.dtype,
+    block_size: int = 16,
+) -> Step:
+    """A step of the given requests over a shuffled cache; table padding points outside it."""
+    needed = [-(-context // block_size) for _, context in lengths]
+    num_blocks = sum(needed) + 5
+    ids = iter(rng.permutation(num_blocks).tolist())
+    table = torch.full((len(lengths), max(needed) + 1), -7, dtype=torch.int32)
+    for r, count in enumerate(needed):
+        table[r, :count] = torch.tensor([next(ids) for _ in range(count)], dtype=torch.int32)
+    starts = np.concatenate([[0], np.cumsum([q for q, _ in lengths])])
+    generator = torch.Generator().manual_seed(int(rng.integers(1 << 31)))
+    return Step(
+        query=torch.randn(int(starts[-1]), heads[0], head_dim, generator=generator).to(dtype),
+        kv_cache=torch.randn(2, num_blocks, block_size, heads[1], head_dim, generator=generator).to(dtype),
+        query_start_loc=torch.from_numpy(starts).int(),
+        seq_lens=torch.tensor([c for _, c in lengths], dtype=torch.int32),
+        block_table=table,
+    )
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_long_contexts_are_split_and_merged(dtype):
     """One long decode row and one chunk at the end of a long context: items far above a core's
     share, so their keys are split; a tiny request keeps the batch ragged."""
     rng = np.random.default_rng(7)
-    lengths = [(1, 3000), (40, 1500), (1, 5)]
-    block_size = 16
-    needed = [-(-context // block_size) for _, context in lengths]
-    num_blocks = sum(needed) + 5
-    ids = iter(rng.permutation(num_blocks).tolist())
-    table = torch.full((3, max(needed)), -7, dtype=torch.int32)
-    for r, count in enumerate(needed):
-        table[r, :count] = torch.tensor([next(ids) for _ in range(count)], dtype=torch.int32)
-    starts = np.concatenate([[0], np.cumsum([q for q, _ in lengths])])
-    step = Step(
-        query=torch.randn(int(starts[-1]), 8, 64).to(dtype),
-        kv_cache=torch.randn(2, num_blocks, block_size, 2, 64).to(dtype),
-        query_start_loc=torch.from_numpy(starts).int(),
-        seq_lens=torch.tensor([c for _, c in lengths], dtype=torch.int32),
-        block_table=table,
-    )
-    check(step)
+    check(step_of(rng, [(1, 3000), (40, 1500), (1, 5)], (8, 2), 64, dtype))
+
+
+@pytest.fixture(params=[1, 2], ids=["1 thread", "2 threads"])
+def threads(request):
+    """Runs a test with 1 torch thread (no split: a whole context per item) and with 2."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(request.param)
+    yield request.param
+    torch.set_num_threads(before)
+
+
+# (query heads, kv heads), head_dim: GQA ratios whose heads take 1, 2 or 3 passes of up to 3
+# heads (1, 3, 4 = 2 + 2, 5 = 3 + 2, 8 = 3 + 3 + 2), dims with and without scalar tails.
+DECODE_SHAPES = [((4, 4), 32), ((12, 4), 64), ((8, 2), 40), ((10, 2), 128), ((8, 1), 36), ((12, 2), 256)]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(("heads", "head_dim"), DECODE_SHAPES)
+def test_decode_batches_of_very_different_lengths(heads, head_dim, dtype, threads):
+    """Decode rows only (the decode path): contexts on either side of its 32-key steps, of the
+    16-key blocks and of the 64-key split alignment, a long row that is split across threads
+    while short ones are not, and a chunk in the same step."""
+    rng = np.random.default_rng([heads[0], heads[1], head_dim, threads])
+    contexts = [1, 2, 31, 32, 33, 63, 64, 65, 300, 513, 2100]
+    lengths = [(1, c) for c in rng.permutation(contexts).tolist()] + [(3, 70)]
+    check(step_of(rng, lengths, heads, head_dim, dtype))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("context", [255, 256, 257, 511, 512, 513, 1024, 1025])
+def test_one_long_decode_row_split_at_every_boundary(context, dtype, threads):
+    """Batch 1: the whole step is one context, split across the threads at 64-key multiples."""
+    rng = np.random.default_rng(context)
+    check(step_of(rng, [(1, context)], (12, 4), 64, dtype))
 
 
 def test_mixed_query_and_cache_dtypes():
