@@ -79,6 +79,11 @@ class EngineArgs:
         it is float32 (a bf16 checkpoint then runs in float32, as fast and exact)."""
         model = ModelConfig.from_pretrained(self.model, self.dtype, self.max_model_len)
         on_cpu = (self.device or ("cuda" if torch.cuda.is_available() else "cpu")).startswith("cpu")
+        if not on_cpu and self.cpu_threads_bind not in ("auto", "none"):
+            raise ValueError(
+                f"--cpu-threads-bind {self.cpu_threads_bind} pins the threads of a CPU engine; "
+                "this engine runs on CUDA (leave it auto)"
+            )
         if self.dtype == "auto" and on_cpu and not cpu_computes_natively(model.dtype):
             model = dataclasses.replace(model, dtype=torch.float32)
         parallel = ParallelConfig(

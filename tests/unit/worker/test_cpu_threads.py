@@ -6,10 +6,12 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 from mmserve.config import ExecutionConfig
+from mmserve.engine_args import EngineArgs
 from mmserve.worker.cpu_threads import parse_cpu_list, rank_cpus
 
 
@@ -87,3 +89,10 @@ def test_none_leaves_every_thread_where_the_os_puts_it() -> None:
     seen = probe("none")
     assert seen["pinned"] is None
     assert all(cpus == allowed for cpus in seen["all"])
+
+
+def test_cpu_lists_are_refused_for_a_cuda_engine() -> None:
+    demo = Path(__file__).resolve().parents[3] / "assets" / "demo-model"
+    with pytest.raises(ValueError, match="--cpu-threads-bind 0-1 pins the threads of a CPU engine"):
+        EngineArgs(model=demo, device="cuda", cpu_threads_bind="0-1").create_engine_config()
+    assert EngineArgs(model=demo, device="cpu", cpu_threads_bind="0-1").create_engine_config()
