@@ -17,6 +17,7 @@ import json
 import os
 import statistics
 import time
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -43,6 +44,21 @@ def stream_bandwidth(num_bytes: int = 1 << 30, rounds: int = 7) -> dict[str, flo
     return {"copy_bytes_per_s": statistics.median(copy), "read_bytes_per_s": statistics.median(read)}
 
 
+class ReadBandwidth:
+    """Read-only bandwidth samples taken on demand (`sample()`: one sum over a buffer ~8× a
+    server CPU's last-level cache), so that they can be interleaved with the work measured."""
+
+    def __init__(self, num_bytes: int = 1 << 28) -> None:
+        self.buffer = torch.ones(num_bytes // 4, dtype=torch.float32)
+        self.buffer.sum()  # first touch: pages faulted in before anything is timed
+        self.samples: list[float] = []
+
+    def sample(self) -> None:
+        start = time.perf_counter()
+        self.buffer.sum()
+        self.samples.append(self.buffer.numel() * 4 / (time.perf_counter() - start))
+
+
 def weight_bytes(llm: LLM) -> int:
     """Bytes a decode step reads of the weights: the language model's, but its embedding table
     (only the batch's rows are gathered), plus the LM head (the same tensor when tied, then read
@@ -58,8 +74,11 @@ def weight_bytes(llm: LLM) -> int:
     return packed_weight_bytes(model.model) - size(model.model.embed_tokens.weight) + head_bytes
 
 
-def decode_steps(llm: LLM, batch: int, context: int, steps: int) -> list[float]:
-    """Seconds of each of `steps` engine steps once `batch` requests are all decoding."""
+def decode_steps(
+    llm: LLM, batch: int, context: int, steps: int, between: Callable[[], None] | None = None, every: int = 5
+) -> list[float]:
+    """Seconds of each of `steps` engine steps once `batch` requests are all decoding;
+    `between` (untimed) runs before the first timed step and after every `every` steps."""
     rng = np.random.default_rng(batch)
     params = SamplingParams(temperature=0.0, max_tokens=steps + 8, ignore_eos=True)
     prompts = [{"prompt_token_ids": rng.integers(100, 11000, context).tolist()} for _ in range(batch)]
@@ -73,7 +92,9 @@ def decode_steps(llm: LLM, batch: int, context: int, steps: int) -> list[float]:
     for _ in range(3):
         core.step()  # warm-up decode steps
     times = []
-    for _ in range(steps):
+    for index in range(steps):
+        if between is not None and index % every == 0:
+            between()
         start = time.perf_counter()
         core.step()
         times.append(time.perf_counter() - start)
@@ -88,7 +109,7 @@ def main() -> None:
     parser.add_argument("--preset", default="mid")
     parser.add_argument("--batch", type=int, nargs="+", default=[1, 8])
     parser.add_argument("--context", type=int, default=512)
-    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--dtype", default="auto")
     parser.add_argument("--attention-backend", default="auto")
     parser.add_argument("--json", default="")
@@ -103,19 +124,23 @@ def main() -> None:
         num_kv_blocks=max(args.batch) * (args.context + args.steps + 64) // 16 + 16,
     )
     config = llm.config.model
-    bandwidth = stream_bandwidth()
+    bandwidth = stream_bandwidth()  # reported; the floors use the interleaved readings below
     kv_bytes_per_token = 2 * config.num_layers * config.num_kv_heads * config.head_dim * config.dtype.itemsize
     weights = weight_bytes(llm)
     rows = []
     for batch in args.batch:
-        times = decode_steps(llm, batch, args.context, args.steps)
+        reader = ReadBandwidth()
+        times = decode_steps(llm, batch, args.context, args.steps, between=reader.sample)
         step = statistics.median(times)
+        read = statistics.median(reader.samples)
         kv = batch * (args.context + args.steps // 2) * kv_bytes_per_token
-        floor = (weights + kv) / bandwidth["read_bytes_per_s"]
+        floor = (weights + kv) / read
         rows.append(
             {
                 "batch": batch,
                 "median_step_s": step,
+                "read_bytes_per_s": read,
+                "read_samples": reader.samples,
                 "weights_bytes": weights,
                 "kv_bytes": kv,
                 "floor_s": floor,
@@ -140,11 +165,12 @@ def main() -> None:
         f"STREAM copy {bandwidth['copy_bytes_per_s'] / 1e9:.1f} GB/s, "
         f"read {bandwidth['read_bytes_per_s'] / 1e9:.1f} GB/s"
     )
-    print(f"{'batch':>5} {'step ms':>9} {'floor ms':>9} {'floor/step':>11} {'GB/s':>7}")
+    print(f"{'batch':>5} {'step ms':>9} {'read GB/s':>10} {'floor ms':>9} {'floor/step':>11} {'GB/s':>7}")
     for row in rows:
         print(
-            f"{row['batch']:>5} {1e3 * row['median_step_s']:>9.2f} {1e3 * row['floor_s']:>9.2f} "
-            f"{row['floor_over_step']:>11.2f} {row['effective_bytes_per_s'] / 1e9:>7.1f}"
+            f"{row['batch']:>5} {1e3 * row['median_step_s']:>9.2f} {row['read_bytes_per_s'] / 1e9:>10.1f} "
+            f"{1e3 * row['floor_s']:>9.2f} {row['floor_over_step']:>11.2f} "
+            f"{row['effective_bytes_per_s'] / 1e9:>7.1f}"
         )
     if args.json:
         with open(args.json, "w") as f:

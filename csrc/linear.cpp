@@ -13,6 +13,9 @@
 //
 // Work is split over (row chunk, panel) with panels fastest: a chunk of rows stays in L2 while
 // the weight streams past it; within a task K is blocked so the panel's block stays in L1.
+// Above 6 rows a block is read by several tiles, of which only the first would stream it from
+// memory, leaving the memory idle while the others compute from L1: so each tile of such a chunk
+// also prefetches (into L2) its share of the weight's next block, and the stream keeps moving.
 #include <ATen/Parallel.h>
 
 #include <algorithm>
@@ -77,8 +80,17 @@ inline __m256 high_columns(const BFloat16* row) {
 // acc[r][0..15] (+)= Σ_k x[r][k] · panel column; R rows, U independent accumulators per row.
 // The accumulators are plain local arrays indexed by unrolled constants (no lambda or pointer
 // to them), so they stay in registers.
+// Lines to prefetch into L2 while a tile runs, spread evenly over its K loop.
+struct FarPrefetch {
+  const char* begin = nullptr;
+  int64_t lines = 0;
+};
+
 template <int R, int U, typename p_t>
-void tile(const float* x, int64_t x_stride, const p_t* panel, int64_t k_size, float* acc, bool accumulate) {
+void tile(const float* x, int64_t x_stride, const p_t* panel, int64_t k_size, float* acc, bool accumulate,
+          FarPrefetch far) {
+  const int64_t iterations = k_size / U;
+  int64_t far_due = 0;  // far.lines per iteration, counted in 1/iterations of a line
   __m256 lo[U][R], hi[U][R];
   for (int u = 0; u < U; ++u)
     for (int r = 0; r < R; ++r) lo[u][r] = hi[u][r] = _mm256_setzero_ps();
@@ -99,6 +111,8 @@ void tile(const float* x, int64_t x_stride, const p_t* panel, int64_t k_size, fl
       _mm_prefetch(ahead + 2 * kLine, _MM_HINT_T0);
       _mm_prefetch(ahead + 3 * kLine, _MM_HINT_T0);
     }
+    for (far_due += far.lines; far_due >= iterations; far_due -= iterations, far.begin += kLine)
+      _mm_prefetch(far.begin, _MM_HINT_T1);
 #pragma GCC unroll 4
     for (int u = 0; u < U; ++u) {
       const __m256 w_lo = low_columns(panel + (k + u) * kPanel), w_hi = high_columns(panel + (k + u) * kPanel);
@@ -132,8 +146,14 @@ void tile(const float* x, int64_t x_stride, const p_t* panel, int64_t k_size, fl
   }
 }
 #else
+struct FarPrefetch {
+  const char* begin = nullptr;
+  int64_t lines = 0;
+};
+
 template <int R, int U, typename p_t>
-void tile(const float* x, int64_t x_stride, const p_t* panel, int64_t k_size, float* acc, bool accumulate) {
+void tile(const float* x, int64_t x_stride, const p_t* panel, int64_t k_size, float* acc, bool accumulate,
+          FarPrefetch) {
   if (!accumulate) std::fill(acc, acc + R * kPanel, 0.f);
   for (int64_t k = 0; k < k_size; ++k)
     for (int64_t c = 0; c < kPanel; ++c) {
@@ -145,14 +165,14 @@ void tile(const float* x, int64_t x_stride, const p_t* panel, int64_t k_size, fl
 
 template <typename p_t>
 void run_tile(int rows, const float* x, int64_t x_stride, const p_t* panel, int64_t k_size, float* acc,
-              bool accumulate) {
+              bool accumulate, FarPrefetch far) {
   switch (rows) {
-    case 1: return tile<1, 4>(x, x_stride, panel, k_size, acc, accumulate);
-    case 2: return tile<2, 2>(x, x_stride, panel, k_size, acc, accumulate);
-    case 3: return tile<3, 2>(x, x_stride, panel, k_size, acc, accumulate);
-    case 4: return tile<4, 1>(x, x_stride, panel, k_size, acc, accumulate);
-    case 5: return tile<5, 1>(x, x_stride, panel, k_size, acc, accumulate);
-    default: return tile<6, 1>(x, x_stride, panel, k_size, acc, accumulate);
+    case 1: return tile<1, 4>(x, x_stride, panel, k_size, acc, accumulate, far);
+    case 2: return tile<2, 2>(x, x_stride, panel, k_size, acc, accumulate, far);
+    case 3: return tile<3, 2>(x, x_stride, panel, k_size, acc, accumulate, far);
+    case 4: return tile<4, 1>(x, x_stride, panel, k_size, acc, accumulate, far);
+    case 5: return tile<5, 1>(x, x_stride, panel, k_size, acc, accumulate, far);
+    default: return tile<6, 1>(x, x_stride, panel, k_size, acc, accumulate, far);
   }
 }
 
@@ -200,12 +220,24 @@ void chunk_times_panel(const PackedLinearArgs& args, const float* x, int64_t x_s
                        int64_t first, int64_t last, int64_t column) {
   float acc[kChunkRows * kPanel];
   const int64_t k_size = args.in_features;
+  const int64_t rows_total = last - first;
+  const bool several_tiles = rows_total > kMaxTileRows;
   for (int64_t k0 = 0; k0 < k_size; k0 += kDepth) {
     const int64_t depth = std::min(kDepth, k_size - k0);
+    // The weight's next block: the rest of this panel, or the next panel (panels are adjacent).
+    const char* next_block = reinterpret_cast<const char*>(panel + (k0 + depth) * kPanel);
+    const int64_t rest = k_size - k0 - depth;
+    const int64_t next_lines =
+        std::min(kDepth, rest > 0 ? rest : k_size) * kPanel * static_cast<int64_t>(sizeof(p_t)) / kLine;
     for (int64_t row = first; row < last;) {
       const int rows = tile_rows(last - row);
+      FarPrefetch far;  // this tile's share of the next block, in proportion to its rows
+      if (several_tiles) {
+        const int64_t share_begin = next_lines * (row - first) / rows_total;
+        far = {next_block + share_begin * kLine, next_lines * (row - first + rows) / rows_total - share_begin};
+      }
       run_tile(rows, x + row * x_stride + k0, x_stride, panel + k0 * kPanel, depth, acc + (row - first) * kPanel,
-               k0 > 0);
+               k0 > 0, far);
       row += rows;
     }
   }
