@@ -24,6 +24,7 @@ import torch
 
 from mmserve.entrypoints.llm import LLM
 from mmserve.layers.packed_weights import weight_bytes as packed_weight_bytes
+from mmserve.ops.huge_pages import empty_on_huge_pages
 from mmserve.sampling_params import SamplingParams
 from mmserve.testing.checkpoints import checkpoint
 
@@ -31,7 +32,7 @@ from mmserve.testing.checkpoints import checkpoint
 def stream_bandwidth(num_bytes: int = 1 << 30, rounds: int = 7) -> dict[str, float]:
     """Bytes per second of a copy (read + write counted) and of a read-only reduction, on buffers
     far larger than any cache, with this process's torch threads."""
-    src = torch.ones(num_bytes // 4, dtype=torch.float32)
+    src = empty_on_huge_pages((num_bytes // 4,), torch.float32).fill_(1.0)
     dst = torch.empty_like(src)
     copy, read = [], []
     for _ in range(rounds):
@@ -49,8 +50,8 @@ class ReadBandwidth:
     server CPU's last-level cache), so that they can be interleaved with the work measured."""
 
     def __init__(self, num_bytes: int = 1 << 28) -> None:
-        self.buffer = torch.ones(num_bytes // 4, dtype=torch.float32)
-        self.buffer.sum()  # first touch: pages faulted in before anything is timed
+        # on huge pages as the engine's weights and KV cache are, so the floor is not understated
+        self.buffer = empty_on_huge_pages((num_bytes // 4,), torch.float32).fill_(1.0)
         self.samples: list[float] = []
 
     def sample(self) -> None:

@@ -3,6 +3,7 @@
 // index they will follow are checked here, before any thread starts) and fills kernels.h's
 // structs. Outputs and in-place arguments are marked mutable (Tensor(a!)) in the schemas.
 // Contracts: the function of the same name in mmserve/ops/reference.py.
+#include <ATen/ops/empty.h>
 #include <c10/core/ScalarType.h>
 #include <torch/library.h>
 
@@ -257,14 +258,20 @@ void pack_weight_op(const at::Tensor& packed, const at::Tensor& weight) {
                dtype_of(packed, "packed")});
 }
 
-void packed_linear_op(const at::Tensor& out, const at::Tensor& x, const at::Tensor& packed,
-                      const std::optional<at::Tensor>& bias) {
-  PackedLinearArgs args{rows_of(out, "out", 2), rows_of(x, "x", 2)};
-  TORCH_CHECK(out.size(0) == x.size(0) && out.scalar_type() == x.scalar_type(),
-              "out must be [rows, out_features] with x's rows and dtype");
-  args.num_rows = x.size(0);
-  args.in_features = x.size(1);
-  args.out_features = out.size(1);
+// x: [..., in_features] → [..., out_features] in x's dtype. Allocates its result, and reshapes
+// in C++: a decode step makes ~50 of these calls, and each Python-side tensor op costs more
+// than the arithmetic of a small one.
+at::Tensor packed_linear_op(const at::Tensor& x, const at::Tensor& packed, const std::optional<at::Tensor>& bias,
+                            int64_t out_features) {
+  TORCH_CHECK(x.dim() >= 1, "x must have an in_features dimension");
+  const at::Tensor rows = x.reshape({-1, x.size(-1)});
+  std::vector<int64_t> out_shape(x.sizes().begin(), x.sizes().end());
+  out_shape.back() = out_features;
+  at::Tensor out = at::empty({rows.size(0), out_features}, x.options());
+  PackedLinearArgs args{rows_of(out, "out", 2), rows_of(rows, "x", 2)};
+  args.num_rows = rows.size(0);
+  args.in_features = rows.size(1);
+  args.out_features = out_features;
   check_packed(packed, args.out_features, args.in_features);
   args.weight = packed.const_data_ptr();
   args.weight_dtype = dtype_of(packed, "packed");
@@ -277,6 +284,7 @@ void packed_linear_op(const at::Tensor& out, const at::Tensor& x, const at::Tens
     args.bias = bias->const_data_ptr();
   }
   packed_linear(args);
+  return out.view(out_shape);
 }
 
 }  // namespace
@@ -297,7 +305,7 @@ TORCH_LIBRARY(mmserve_cpu, m) {
       "mrope(Tensor(a!) query, Tensor(b!) key, Tensor positions, Tensor cos_cache, Tensor sin_cache, "
       "Tensor row_of_channel) -> ()");
   m.def("pack_weight(Tensor(a!) packed, Tensor weight) -> ()");
-  m.def("packed_linear(Tensor(a!) out, Tensor x, Tensor packed, Tensor? bias) -> ()");
+  m.def("packed_linear(Tensor x, Tensor packed, Tensor? bias, int out_features) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(mmserve_cpu, CPU, m) {

@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 
 from mmserve.ops._extension import KernelBuildError, is_available, ops
+from mmserve.ops.huge_pages import empty_on_huge_pages
 
 __all__ = [
     "KernelBuildError",
@@ -126,21 +127,20 @@ def pack_weight(weight: torch.Tensor, dtype: torch.dtype | None = None) -> torch
     bfloat16 is rounded."""
     out_features, in_features = weight.shape
     panels = -(-out_features // PANEL_COLUMNS)
-    packed = torch.empty(panels, in_features, PANEL_COLUMNS, dtype=dtype or weight.dtype)  # [P, K, 16]
+    # [P, K, 16]; streamed from memory at every decode step, so on huge pages
+    packed = empty_on_huge_pages((panels, in_features, PANEL_COLUMNS), dtype or weight.dtype)
     ops().pack_weight.default(packed, weight)
     return packed
 
 
 def packed_linear(
-    x: torch.Tensor,  # [M, K] float32 or bfloat16, rows may be strided
+    x: torch.Tensor,  # [..., K] float32 or bfloat16, rows may be strided
     packed: torch.Tensor,  # from pack_weight
     bias: torch.Tensor | None,  # [N]
     out_features: int,
-) -> torch.Tensor:  # [M, N] in x's dtype
+) -> torch.Tensor:  # [..., N] in x's dtype
     """`reference.linear` with the weight that was packed: float32 accumulation, one rounding."""
-    out = torch.empty(x.shape[0], out_features, dtype=x.dtype)  # [M, N]
-    ops().packed_linear.default(out, x, packed, bias)
-    return out
+    return ops().packed_linear.default(x, packed, bias, out_features)
 
 
 def vision_rotary(

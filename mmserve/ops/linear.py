@@ -86,13 +86,11 @@ class PanelLinear(LinearMethod):
         from mmserve.ops import cpu
 
         super().__init__(weight)
-        self._cpu = cpu
+        self._packed_linear = cpu.packed_linear
         self.packed = cpu.pack_weight(weight.detach())  # [ceil(N / 16), K, 16] in weight's dtype
 
     def __call__(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-        rows = x.reshape(-1, self.in_features)  # [M, K]
-        out = self._cpu.packed_linear(rows, self.packed, bias, self.out_features)  # [M, N]
-        return out.view(*x.shape[:-1], self.out_features)
+        return self._packed_linear(x, self.packed, bias, self.out_features)  # [..., N]
 
     @property
     def weight_bytes(self) -> int:

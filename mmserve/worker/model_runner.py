@@ -25,6 +25,7 @@ from mmserve.distributed.partition import kv_heads_per_rank
 from mmserve.layers.attention import get_attention_backend
 from mmserve.layers.sampler import LogprobsTensors, Sampler, SamplingMetadata
 from mmserve.models.loader import load_model
+from mmserve.ops.huge_pages import zeros_on_huge_pages
 from mmserve.worker.compilation import compile_language_model
 from mmserve.worker.cuda_graphs import DecodeGraphs, capture_decode_graphs, graph_sizes, is_decode_only
 from mmserve.worker.encoder_cache import EncoderCache
@@ -91,7 +92,12 @@ class ModelRunner:
         this rank's KV heads only."""
         c = self.model_config
         shape = (2, num_blocks, self.block_size, self.num_kv_heads, c.head_dim)
-        self.kv_caches = [torch.zeros(shape, dtype=c.dtype, device=self.device) for _ in range(c.num_layers)]
+        if self.device.type == "cpu":  # streamed from memory every decode step: huge pages
+            self.kv_caches = [zeros_on_huge_pages(shape, c.dtype) for _ in range(c.num_layers)]
+        else:
+            self.kv_caches = [
+                torch.zeros(shape, dtype=c.dtype, device=self.device) for _ in range(c.num_layers)
+            ]
         if self.graph_sizes:
             self.decode_graphs = capture_decode_graphs(
                 self.model, self.kv_caches, self.graph_sizes, c, self.max_blocks_per_req, self.device
