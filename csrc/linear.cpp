@@ -15,7 +15,8 @@
 // the weight streams past it; within a task K is blocked so the panel's block stays in L1.
 // Above 6 rows a block is read by several tiles, of which only the first would stream it from
 // memory, leaving the memory idle while the others compute from L1: so each tile of such a chunk
-// also prefetches (into L2) its share of the weight's next block, and the stream keeps moving.
+// also prefetches (into L2) its share of the weight's next block, and the stream keeps moving
+// (float32 only: bfloat16 tiles of those heights are bound by their arithmetic, not the memory).
 #include <ATen/Parallel.h>
 
 #include <algorithm>
@@ -86,7 +87,9 @@ struct FarPrefetch {
   int64_t lines = 0;
 };
 
-template <int R, int U, typename p_t>
+// kFar: whether `far` is used at all; a tile without it has no extra loop in its K loop (the
+// bfloat16 tiles are compute-bound and lose registers to it).
+template <int R, int U, bool kFar, typename p_t>
 void tile(const float* x, int64_t x_stride, const p_t* panel, int64_t k_size, float* acc, bool accumulate,
           FarPrefetch far) {
   const int64_t iterations = k_size / U;
@@ -111,8 +114,9 @@ void tile(const float* x, int64_t x_stride, const p_t* panel, int64_t k_size, fl
       _mm_prefetch(ahead + 2 * kLine, _MM_HINT_T0);
       _mm_prefetch(ahead + 3 * kLine, _MM_HINT_T0);
     }
-    for (far_due += far.lines; far_due >= iterations; far_due -= iterations, far.begin += kLine)
-      _mm_prefetch(far.begin, _MM_HINT_T1);
+    if constexpr (kFar)
+      for (far_due += far.lines; far_due >= iterations; far_due -= iterations, far.begin += kLine)
+        _mm_prefetch(far.begin, _MM_HINT_T1);
 #pragma GCC unroll 4
     for (int u = 0; u < U; ++u) {
       const __m256 w_lo = low_columns(panel + (k + u) * kPanel), w_hi = high_columns(panel + (k + u) * kPanel);
@@ -151,7 +155,7 @@ struct FarPrefetch {
   int64_t lines = 0;
 };
 
-template <int R, int U, typename p_t>
+template <int R, int U, bool kFar, typename p_t>
 void tile(const float* x, int64_t x_stride, const p_t* panel, int64_t k_size, float* acc, bool accumulate,
           FarPrefetch) {
   if (!accumulate) std::fill(acc, acc + R * kPanel, 0.f);
@@ -163,17 +167,24 @@ void tile(const float* x, int64_t x_stride, const p_t* panel, int64_t k_size, fl
 }
 #endif
 
+template <bool kFar, typename p_t>
+void run_tile_rows(int rows, const float* x, int64_t x_stride, const p_t* panel, int64_t k_size, float* acc,
+                   bool accumulate, FarPrefetch far) {
+  switch (rows) {
+    case 1: return tile<1, 4, kFar>(x, x_stride, panel, k_size, acc, accumulate, far);
+    case 2: return tile<2, 2, kFar>(x, x_stride, panel, k_size, acc, accumulate, far);
+    case 3: return tile<3, 2, kFar>(x, x_stride, panel, k_size, acc, accumulate, far);
+    case 4: return tile<4, 1, kFar>(x, x_stride, panel, k_size, acc, accumulate, far);
+    case 5: return tile<5, 1, kFar>(x, x_stride, panel, k_size, acc, accumulate, far);
+    default: return tile<6, 1, kFar>(x, x_stride, panel, k_size, acc, accumulate, far);
+  }
+}
+
 template <typename p_t>
 void run_tile(int rows, const float* x, int64_t x_stride, const p_t* panel, int64_t k_size, float* acc,
               bool accumulate, FarPrefetch far) {
-  switch (rows) {
-    case 1: return tile<1, 4>(x, x_stride, panel, k_size, acc, accumulate, far);
-    case 2: return tile<2, 2>(x, x_stride, panel, k_size, acc, accumulate, far);
-    case 3: return tile<3, 2>(x, x_stride, panel, k_size, acc, accumulate, far);
-    case 4: return tile<4, 1>(x, x_stride, panel, k_size, acc, accumulate, far);
-    case 5: return tile<5, 1>(x, x_stride, panel, k_size, acc, accumulate, far);
-    default: return tile<6, 1>(x, x_stride, panel, k_size, acc, accumulate, far);
-  }
+  if (far.lines > 0) return run_tile_rows<true>(rows, x, x_stride, panel, k_size, acc, accumulate, far);
+  run_tile_rows<false>(rows, x, x_stride, panel, k_size, acc, accumulate, far);
 }
 
 // Rows of the next tile: the remaining rows in equal tiles of at most kMaxTileRows (8 → 4 + 4).
@@ -221,7 +232,8 @@ void chunk_times_panel(const PackedLinearArgs& args, const float* x, int64_t x_s
   float acc[kChunkRows * kPanel];
   const int64_t k_size = args.in_features;
   const int64_t rows_total = last - first;
-  const bool several_tiles = rows_total > kMaxTileRows;
+  // float32 only: the bfloat16 tiles are compute-bound at these heights (the weight is not what they wait for)
+  const bool several_tiles = std::is_same_v<p_t, float> && rows_total > kMaxTileRows;
   for (int64_t k0 = 0; k0 < k_size; k0 += kDepth) {
     const int64_t depth = std::min(kDepth, k_size - k0);
     // The weight's next block: the rest of this panel, or the next panel (panels are adjacent).
