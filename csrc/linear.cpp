@@ -37,6 +37,9 @@ using BFloat16 = c10::BFloat16;
 constexpr int64_t kPanel = 16;   // output columns per panel
 constexpr int kMaxTileRows = 6;  // 12 accumulators + weights + broadcast fit AVX2's 16 registers
 constexpr int64_t kChunkRows = 48;
+// float32 rows up to which a linear is bound by the weight's bandwidth: 2M flops per 4-byte weight
+// against ~8 flops per byte of memory bandwidth on a 2-core AVX2 machine
+constexpr int64_t kMemoryBoundRows = 16;
 constexpr int64_t kPrefetchBytes = 4096;  // ahead of the panel row being read (2 and 8 KiB: no better)
 constexpr int64_t kLine = 64;             // bytes per cache line
 constexpr int64_t kDepth = 256;  // K per block: 256 × 16 float32 = 16 KiB of panel (L1: 32 KiB)
@@ -232,8 +235,10 @@ void chunk_times_panel(const PackedLinearArgs& args, const float* x, int64_t x_s
   float acc[kChunkRows * kPanel];
   const int64_t k_size = args.in_features;
   const int64_t rows_total = last - first;
-  // float32 only: the bfloat16 tiles are compute-bound at these heights (the weight is not what they wait for)
-  const bool several_tiles = std::is_same_v<p_t, float> && rows_total > kMaxTileRows;
+  // float32 below kMemoryBoundRows only: above, and in bfloat16, the tiles wait on their arithmetic,
+  // not on the weight (a 512-row prefill lost 30 % to the prefetch)
+  const bool several_tiles =
+      std::is_same_v<p_t, float> && rows_total > kMaxTileRows && args.num_rows <= kMemoryBoundRows;
   for (int64_t k0 = 0; k0 < k_size; k0 += kDepth) {
     const int64_t depth = std::min(kDepth, k_size - k0);
     // The weight's next block: the rest of this panel, or the next panel (panels are adjacent).
