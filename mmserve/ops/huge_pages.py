@@ -2,9 +2,9 @@
 
 A decode step streams every packed weight and every cached key and value from memory. On 4 KiB
 pages that is a TLB miss every 4 KiB and a hardware prefetcher that stops at each page edge;
-measured on the mid model's KV cache (12 layers × 8 requests × 512 tokens, caches cold), the
-paged attention kernel ran 15-25 % faster on huge pages (BENCHMARKS.md, "Huge pages"). Linux
-gives huge pages to anonymous memory that asks for them when
+measured at the mid model's KV cache shapes (12 layers × 8 requests × 512 tokens, caches cold),
+the paged attention kernel took 17-37 % less time on huge pages (BENCHMARKS.md, "Decode a
+fourth time"). Linux gives huge pages to anonymous memory that asks for them when
 `/sys/kernel/mm/transparent_hugepage/enabled` is `always` or `madvise` (the usual default);
 with `never` these tensors are plain ones. Pages are only made huge when first touched after the
 advice, so the advice comes before anything is written (torch's own `THP_MEM_ALLOC_ENABLE`
