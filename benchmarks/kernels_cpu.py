@@ -3,6 +3,7 @@
 Run from the repository root:
 
     .venv/bin/python -m benchmarks.kernels_cpu [--threads 1 2] [--rounds 15] [--json PATH]
+        [--mid-decode-only]
 
 For each case every candidate runs in the same process, interleaved round by round (so a
 neighbour's burst hits all of them alike), and the median of the rounds is reported with the
@@ -276,19 +277,26 @@ def print_result(result: Result) -> None:
     print(f"{result.case:<38} {timings}  | {ratios}  {extra}", flush=True)
 
 
-def run(threads: int, rounds: int) -> dict:
+def run(threads: int, rounds: int, mid_decode_only: bool = False) -> dict:
     torch.set_num_threads(threads)
     print(f"\n== {threads} thread(s), median of {rounds} interleaved rounds ==", flush=True)
     bandwidth = stream_bandwidth(rounds)
     print("memory: " + "  ".join(f"{name} {value:.1f}" for name, value in bandwidth.items()), flush=True)
     results = []
+    if mid_decode_only:
+        for dtype in (torch.float32, torch.bfloat16):
+            for batch in (1, 8):
+                for context in (256, 300, 512, 2048):
+                    results.append(decode_case(batch, context, rounds, bandwidth["read GB/s"], MID, dtype))
+                    print_result(results[-1])
+        return {"threads": threads, "bandwidth": bandwidth, "results": [vars(r) for r in results]}
     for batch in (1, 8, 32):
         for context in (256, 512, 1024, 2048):
             results.append(decode_case(batch, context, rounds, bandwidth["read GB/s"]))
             print_result(results[-1])
     for dtype in (torch.float32, torch.bfloat16):
         for batch in (1, 8):
-            for context in (512, 2048):
+            for context in (256, 512, 2048):
                 results.append(decode_case(batch, context, rounds, bandwidth["read GB/s"], MID, dtype))
                 print_result(results[-1])
     for chunk, context in ((512, 512), (512, 2048)):
@@ -310,10 +318,13 @@ def main() -> None:
     parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--json", help="also write the numbers here")
+    parser.add_argument(
+        "--mid-decode-only", action="store_true", help="only the mid model's decode rows (256-2048 keys)"
+    )
     args = parser.parse_args()
     if not cpu.is_available():
         raise SystemExit("the CPU kernels could not be built here")
-    runs = [run(threads, args.rounds) for threads in args.threads]
+    runs = [run(threads, args.rounds, args.mid_decode_only) for threads in args.threads]
     if args.json:
         with open(args.json, "w") as handle:
             json.dump(runs, handle, indent=1)
