@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "kernels.h"
+#include "ops.h"
 
 namespace mmserve {
 namespace {
@@ -83,6 +84,36 @@ void add_requests(PagedAttentionArgs& args, const at::Tensor& query_start_loc, c
   }
 }
 
+void check_weight(const at::Tensor& weight, const at::Tensor& x) {
+  dtype_of(weight, "weight");
+  TORCH_CHECK(weight.dim() == 1 && weight.size(0) == x.size(1) && weight.is_contiguous(),
+              "weight must be a contiguous [hidden] tensor");
+}
+
+void check_positions(const MropeArgs& args, int64_t max_positions) {
+  for (const int64_t row : args.row_of_channel) {
+    TORCH_CHECK(row >= 0 && row < 3, "row_of_channel entries must be 0, 1 or 2, got ", row);
+    for (int64_t t = 0; t < args.num_tokens; ++t) {
+      const int64_t p = args.positions[row * args.position_row_stride + t * args.position_token_stride];
+      TORCH_CHECK(p >= 0 && p < max_positions, "position ", p, " is outside the rotary cache (", max_positions, ")");
+    }
+  }
+}
+
+constexpr int64_t kPanelColumns = 16;  // linear.cpp's panel width
+
+void check_packed(const at::Tensor& packed, int64_t out_features, int64_t in_features) {
+  TORCH_CHECK(packed.device().is_cpu() &&
+                  (packed.scalar_type() == at::kBFloat16 || packed.scalar_type() == at::kFloat) &&
+                  packed.is_contiguous() && packed.dim() == 3 &&
+                  packed.size(0) == (out_features + kPanelColumns - 1) / kPanelColumns &&
+                  packed.size(1) == in_features && packed.size(2) == kPanelColumns,
+              "packed weight must be a contiguous float32 or bfloat16 [ceil(", out_features, " / 16), ",
+              in_features, ", 16] tensor, got ", packed.scalar_type(), " ", packed.sizes());
+}
+
+}  // namespace
+
 void paged_attention_op(const at::Tensor& out, const at::Tensor& query, const at::Tensor& kv_cache,
                         const at::Tensor& query_start_loc, const at::Tensor& seq_lens,
                         const at::Tensor& block_table, double scale) {
@@ -150,12 +181,6 @@ void write_kv_op(const at::Tensor& key, const at::Tensor& value, const at::Tenso
   write_kv(args);
 }
 
-void check_weight(const at::Tensor& weight, const at::Tensor& x) {
-  dtype_of(weight, "weight");
-  TORCH_CHECK(weight.dim() == 1 && weight.size(0) == x.size(1) && weight.is_contiguous(),
-              "weight must be a contiguous [hidden] tensor");
-}
-
 void rms_norm_op(const at::Tensor& out, const at::Tensor& x, const at::Tensor& weight, double eps) {
   RmsNormArgs args{rows_of(out, "out", 2), rows_of(x, "x", 2)};
   check_weight(weight, x);
@@ -197,16 +222,6 @@ void silu_and_mul_op(const at::Tensor& out, const at::Tensor& gate_up) {
   silu_and_mul(args);
 }
 
-void check_positions(const MropeArgs& args, int64_t max_positions) {
-  for (const int64_t row : args.row_of_channel) {
-    TORCH_CHECK(row >= 0 && row < 3, "row_of_channel entries must be 0, 1 or 2, got ", row);
-    for (int64_t t = 0; t < args.num_tokens; ++t) {
-      const int64_t p = args.positions[row * args.position_row_stride + t * args.position_token_stride];
-      TORCH_CHECK(p >= 0 && p < max_positions, "position ", p, " is outside the rotary cache (", max_positions, ")");
-    }
-  }
-}
-
 void mrope_op(const at::Tensor& query, const at::Tensor& key, const at::Tensor& positions,
               const at::Tensor& cos_cache, const at::Tensor& sin_cache, const at::Tensor& row_of_channel) {
   MropeArgs args{rows_of(query, "query", 3), rows_of(key, "key", 3)};
@@ -235,18 +250,6 @@ void mrope_op(const at::Tensor& query, const at::Tensor& key, const at::Tensor& 
               "row_of_channel must have head_dim / 2 entries");
   check_positions(args, cos_cache.size(0));
   mrope(args);
-}
-
-constexpr int64_t kPanelColumns = 16;  // linear.cpp's panel width
-
-void check_packed(const at::Tensor& packed, int64_t out_features, int64_t in_features) {
-  TORCH_CHECK(packed.device().is_cpu() &&
-                  (packed.scalar_type() == at::kBFloat16 || packed.scalar_type() == at::kFloat) &&
-                  packed.is_contiguous() && packed.dim() == 3 &&
-                  packed.size(0) == (out_features + kPanelColumns - 1) / kPanelColumns &&
-                  packed.size(1) == in_features && packed.size(2) == kPanelColumns,
-              "packed weight must be a contiguous float32 or bfloat16 [ceil(", out_features, " / 16), ",
-              in_features, ", 16] tensor, got ", packed.scalar_type(), " ", packed.sizes());
 }
 
 void pack_weight_op(const at::Tensor& packed, const at::Tensor& weight) {
@@ -287,7 +290,6 @@ at::Tensor packed_linear_op(const at::Tensor& x, const at::Tensor& packed, const
   return out.view(out_shape);
 }
 
-}  // namespace
 }  // namespace mmserve
 
 TORCH_LIBRARY(mmserve_cpu, m) {

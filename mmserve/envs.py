@@ -41,6 +41,16 @@ def cpu_linear() -> str:
     return value
 
 
+def cpu_decoder_layer() -> str:
+    """MMSERVE_CPU_DECODER_LAYER: `fused` (default: each language-model decoder layer whose parts
+    all run on the CPU kernels is one C++ call, mmserve.layers.fused_decoder_layer) or `modules`
+    (one call per op, from the layer's modules: the same results, more Python per step)."""
+    value = os.environ.get("MMSERVE_CPU_DECODER_LAYER", "fused")
+    if value not in ("fused", "modules"):
+        raise ValueError(f"MMSERVE_CPU_DECODER_LAYER must be 'fused' or 'modules', got {value!r}")
+    return value
+
+
 def api_key() -> str | None:
     """MMSERVE_API_KEY: the server's API key when --api-key is not given (keeps it out of `ps`)."""
     return os.environ.get("MMSERVE_API_KEY") or None

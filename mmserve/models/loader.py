@@ -19,6 +19,7 @@ from torch import nn
 from mmserve import envs
 from mmserve.config import ModelConfig
 from mmserve.layers.attention import AttentionBackend
+from mmserve.layers.fused_decoder_layer import fuse_decoder_layers
 from mmserve.layers.kernel_user import use_kernels
 from mmserve.layers.packed_weights import pack_linear_weights
 from mmserve.layers.weights import CheckpointTensor
@@ -66,13 +67,15 @@ def load_model(
     compiled_language_model: bool = False,
 ) -> nn.Module:
     """Instantiate the architecture (this rank's shard of it) on `device` directly in
-    `config.dtype` (parameters are born in their final dtype, so loading peaks at the model's
-    size, not twice it), fill it from the folder, and give its layers the backend's kernel set.
-    `encoder_data_parallel`: the vision tower whole on every rank instead of split.
+        `config.dtype` (parameters are born in their final dtype, so loading peaks at the model's
+        size, not twice it), fill it from the folder, and give its layers the backend's kernel set.
+        `encoder_data_parallel`: the vision tower whole on every rank instead of split.
 
-    Then, weights loaded, each linear layer's weight is packed for the kernel set's matmul where
-    it has one (on CPU; MMSERVE_CPU_LINEAR=torch keeps F.linear). `compiled_language_model`:
-    the language model is to be traced by torch.compile, so its layers keep plain weights."""
+        Then, weights loaded, each linear layer's weight is packed for the kernel set's matmul where
+        it has one (on CPU; MMSERVE_CPU_LINEAR=torch keeps F.linear), and each decoder layer whose
+    parts then all run on the CPU kernels becomes one C++ call (MMSERVE_CPU_DECODER_LAYER=modules
+    keeps the modules' calls). `compiled_language_model`:
+        the language model is to be traced by torch.compile, so its layers keep plain weights."""
     cls = model_class(config.architecture, config.family)
     with torch.device(device), _default_dtype(config.dtype):
         model = cls(config, backend, encoder_data_parallel)
@@ -90,4 +93,6 @@ def load_model(
         keep_plain=model.model if compiled_language_model else None,
         large_rows_only=getattr(model, "visual", None),
     )
+    if envs.cpu_decoder_layer() == "fused":
+        fuse_decoder_layers(model)
     return model.eval()

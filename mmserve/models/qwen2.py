@@ -15,11 +15,13 @@ from torch import nn
 from mmserve.config import ModelConfig
 from mmserve.layers.activation import SiluAndMul
 from mmserve.layers.attention import AttentionBackend, AttentionMetadata
+from mmserve.layers.fused_decoder_layer import FusedDecoderLayer, FusesOnCpu
 from mmserve.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
 from mmserve.layers.norm import RMSNorm
 from mmserve.layers.rotary import InterleavedMRotaryEmbedding, MRotaryEmbedding
 from mmserve.layers.vocab_embedding import VocabParallelEmbedding
 from mmserve.layers.weights import CheckpointTensor, load_parameter
+from mmserve.ops.linear import PanelLinear
 
 # checkpoint name fragment → (fused parameter fragment, shard index)
 STACKED_PARAMS = {
@@ -51,6 +53,10 @@ class Qwen2Attention(nn.Module):
         """Per-head normalisation before the rotary embedding: none in Qwen2."""
         return q, k
 
+    def qk_norm_weights(self) -> list[torch.Tensor]:
+        """The weights `normalize_qk` applies (q's, then k's; the layer norms' eps): none here."""
+        return []
+
     def forward(
         self,
         positions: torch.Tensor,  # [3, T]
@@ -79,7 +85,7 @@ class Qwen2MLP(nn.Module):
         return self.down_proj(self.act(self.gate_up_proj(x)))
 
 
-class Qwen2DecoderLayer(nn.Module):
+class Qwen2DecoderLayer(FusesOnCpu, nn.Module):
     attention_class: type[Qwen2Attention] = Qwen2Attention
 
     def __init__(self, config: ModelConfig, rotary: MRotaryEmbedding, backend: AttentionBackend) -> None:
@@ -99,6 +105,8 @@ class Qwen2DecoderLayer(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """The pre-norm block x + attn(norm(x)), then + mlp(norm(·)), with each residual add
         fused into the norm after it: returns (this layer's MLP output, the stream before it)."""
+        if self.fused is not None:
+            return self.fused(positions, x, residual, kv_cache, metadata)
         if residual is None:
             residual, x = x, self.input_layernorm(x)
         else:
@@ -106,6 +114,29 @@ class Qwen2DecoderLayer(nn.Module):
         x = self.self_attn(positions, x, kv_cache, metadata)
         x, residual = self.post_attention_layernorm(x, residual)
         return self.mlp(x), residual
+
+    def fuse(self) -> bool:
+        attn = self.self_attn
+        linears = (attn.qkv_proj, attn.o_proj, self.mlp.gate_up_proj, self.mlp.down_proj)
+        on_panels = all(isinstance(linear.linear_method, PanelLinear) for linear in linears)
+        if attn.backend.name != "cpu" or not on_panels or attn.o_proj.group.world_size != 1:
+            return False
+        self.fused = FusedDecoderLayer(
+            weights=[
+                self.input_layernorm.weight,
+                *(linear.linear_method.packed for linear in linears[:2]),
+                self.post_attention_layernorm.weight,
+                *(linear.linear_method.packed for linear in linears[2:]),
+            ],
+            qkv_bias=attn.qkv_proj.bias,
+            qk_norms=attn.qk_norm_weights(),
+            rotary=attn.rotary,
+            num_heads=attn.num_heads,
+            num_kv_heads=attn.num_kv_heads,
+            eps=self.input_layernorm.eps,
+            scale=attn.scale,
+        )
+        return True
 
 
 class Qwen2Model(nn.Module):

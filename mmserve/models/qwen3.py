@@ -30,6 +30,9 @@ class Qwen3Attention(Qwen2Attention):
         k = self.k_norm(k.reshape(-1, self.head_dim)).view(k.shape)
         return q, k
 
+    def qk_norm_weights(self) -> list[torch.Tensor]:
+        return [self.q_norm.weight, self.k_norm.weight]
+
 
 class Qwen3DecoderLayer(Qwen2DecoderLayer):
     attention_class = Qwen3Attention

@@ -18,6 +18,7 @@ from mmserve.ops.huge_pages import empty_on_huge_pages
 __all__ = [
     "KernelBuildError",
     "bind_threads",
+    "decoder_layer",
     "fused_add_rms_norm",
     "is_available",
     "mrope",
@@ -141,6 +142,37 @@ def packed_linear(
 ) -> torch.Tensor:  # [..., N] in x's dtype
     """`reference.linear` with the weight that was packed: float32 accumulation, one rounding."""
     return ops().packed_linear.default(x, packed, bias, out_features)
+
+
+def decoder_layer(
+    x: torch.Tensor,
+    residual: torch.Tensor | None,
+    positions: torch.Tensor,
+    kv_cache: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    seq_lens: torch.Tensor,
+    block_table: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    weights: list[torch.Tensor],  # input norm, qkv, o, post-attention norm, gate_up, down
+    qkv_bias: torch.Tensor | None,
+    qk_norms: list[torch.Tensor],
+    cos_cache: torch.Tensor,
+    sin_cache: torch.Tensor,
+    row_of_channel: torch.Tensor,
+    num_heads: int,
+    num_kv_heads: int,
+    eps: float,
+    scale: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`reference.decoder_layer` in one call, with its four linear weights packed by
+    `pack_weight`, in place: x and residual (x itself when None) are overwritten, and the
+    returned stream is that tensor. The ops of csrc/ in the layer modules' order, so results are
+    those of the unfused layer on this kernel set, bit for bit."""
+    out = ops().decoder_layer.default(
+        x, residual, positions, kv_cache, query_start_loc, seq_lens, block_table, slot_mapping, weights,
+        qkv_bias, qk_norms, cos_cache, sin_cache, row_of_channel, num_heads, num_kv_heads, eps, scale,
+    )  # fmt: skip
+    return out, x if residual is None else residual
 
 
 def vision_rotary(

@@ -8,6 +8,7 @@ D = head dim, B = cache blocks, S = block size.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from itertools import pairwise
 
 import torch
@@ -158,3 +159,48 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     float32 and rounded once (what a bfloat16 GEMM with float32 accumulation returns)."""
     out = F.linear(x.float(), weight.float(), None if bias is None else bias.float())  # [M, N]
     return out.to(x.dtype)
+
+
+def decoder_layer(
+    x: torch.Tensor,  # [T, hidden]: the previous layer's output (the embeddings when residual is None)
+    residual: torch.Tensor | None,  # [T, hidden]: the stream before x
+    positions: torch.Tensor,  # [3, T] int64
+    kv_cache: torch.Tensor,  # [2, B, S, KVH, D]: this step's keys and values are written into it
+    query_start_loc: torch.Tensor,  # [R + 1] int32
+    seq_lens: torch.Tensor,  # [R] int32
+    block_table: torch.Tensor,  # [R, max_blocks] int32
+    slot_mapping: torch.Tensor,  # [T] int64
+    weights: Sequence[torch.Tensor],  # input norm, qkv, o, post-attention norm, gate_up, down
+    qkv_bias: torch.Tensor | None,  # [(H + 2 KVH) D]
+    qk_norms: Sequence[torch.Tensor],  # none, or per-head q and k norms [D] (Qwen3)
+    cos_cache: torch.Tensor,
+    sin_cache: torch.Tensor,
+    row_of_channel: torch.Tensor,
+    num_heads: int,
+    num_kv_heads: int,
+    eps: float,
+    scale: float,
+) -> tuple[torch.Tensor, torch.Tensor]:  # (this layer's MLP output, the stream before it)
+    """A Qwen2-family pre-norm decoder layer, x + attn(norm(x)) then + mlp(norm(·)), with each
+    residual add folded into the norm after it. Linear weights are plain [out, in]: qkv
+    [(H + 2 KVH) D, hidden], o [hidden, H D], gate_up [2 I, hidden], down [hidden, I]."""
+    input_norm, qkv_weight, o_weight, post_norm, gate_up_weight, down_weight = weights
+    num_tokens, head_dim = x.shape[0], kv_cache.shape[4]
+    q_size, kv_size = num_heads * head_dim, num_kv_heads * head_dim
+    if residual is None:
+        residual, normed = x, rms_norm(x, input_norm, eps)
+    else:
+        normed, residual = fused_add_rms_norm(x, residual, input_norm, eps)
+    q, k, v = linear(normed, qkv_weight, qkv_bias).split([q_size, kv_size, kv_size], dim=-1)
+    q = q.reshape(num_tokens, num_heads, head_dim)
+    k = k.reshape(num_tokens, num_kv_heads, head_dim)
+    v = v.reshape(num_tokens, num_kv_heads, head_dim)
+    if qk_norms:
+        q = rms_norm(q.reshape(-1, head_dim), qk_norms[0], eps).view(q.shape)
+        k = rms_norm(k.reshape(-1, head_dim), qk_norms[1], eps).view(k.shape)
+    q, k = mrope(q, k, positions, cos_cache, sin_cache, row_of_channel)
+    write_kv(k, v, kv_cache, slot_mapping)
+    attention = paged_attention(q, kv_cache, query_start_loc, seq_lens, block_table, scale)
+    h = linear(attention.reshape(num_tokens, q_size), o_weight)
+    h, residual = fused_add_rms_norm(h, residual, post_norm, eps)
+    return linear(silu_and_mul(linear(h, gate_up_weight)), down_weight), residual

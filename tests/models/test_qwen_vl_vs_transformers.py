@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from mmserve.config import CacheConfig, ExecutionConfig, ModelConfig, SchedulerConfig
+from mmserve.layers.fused_decoder_layer import FusesOnCpu
 from mmserve.testing.driver import ChunkedDriver
 from mmserve.testing.reference import PromptInputs, Reference, synthetic_image
 from mmserve.worker.model_runner import ModelRunner
@@ -24,7 +25,7 @@ def reference(model_dir) -> Reference:
 
 @pytest.fixture(scope="module", params=["torch", "cpu"])
 def runner(model_dir, request) -> ModelRunner:
-    """The runner on the torch reference kernels and on the C++ kernels."""
+    """The runner on the torch reference kernels and on the C++ kernels (fused layers)."""
     config = ModelConfig.from_pretrained(model_dir, dtype="float32")
     runner = ModelRunner(
         config,
@@ -34,6 +35,9 @@ def runner(model_dir, request) -> ModelRunner:
         ExecutionConfig(attention_backend=request.param),
     )
     runner.initialize_kv_cache(num_blocks=1024)
+    layers = [m for m in runner.model.modules() if isinstance(m, FusesOnCpu)]
+    # the C++ kernels run each decoder layer as one call (tests/models/test_fused_decoder_layer.py)
+    assert layers and all((layer.fused is not None) == (request.param == "cpu") for layer in layers)
     return runner
 
 
