@@ -9,7 +9,8 @@
 // no cross-lane shuffles in the inner loop. A tile of up to 6 rows × 16 columns accumulates over
 // the whole K in 12 float32 registers with FMA; at one or two rows the K loop is unrolled into
 // independent accumulators, because there the FMA latency, not the bandwidth, would bound it. Small M is memory-bound (bfloat16 weights are half the bytes of
-// float32 ones), so the weight is prefetched a fixed distance ahead of the row being read.
+// float32 ones), so the weight is prefetched a fixed distance ahead of the row being read (but
+// for one float32 row, which streams faster with the hardware prefetcher alone).
 //
 // Work is split over (row chunk, panel) with panels fastest: a chunk of rows stays in L2 while
 // the weight streams past it; within a task K is blocked so the panel's block stays in L1.
@@ -109,13 +110,17 @@ void tile(const float* x, int64_t x_stride, const p_t* panel, int64_t k_size, fl
   int64_t k = 0;
   for (; k + U <= k_size; k += U) {
     // The weight streams from memory once per call: the hardware prefetcher alone falls behind
-    // (measured: BENCHMARKS.md, "CPU linear layers").
-    const char* ahead = reinterpret_cast<const char*>(panel + k * kPanel) + kPrefetchBytes;
-    _mm_prefetch(ahead, _MM_HINT_T0);
-    if constexpr (kStepBytes > kLine) _mm_prefetch(ahead + kLine, _MM_HINT_T0);
-    if constexpr (kStepBytes > 2 * kLine) {
-      _mm_prefetch(ahead + 2 * kLine, _MM_HINT_T0);
-      _mm_prefetch(ahead + 3 * kLine, _MM_HINT_T0);
+    // (measured: BENCHMARKS.md, "CPU linear layers") — except for one row of float32, since the
+    // weights are on huge pages: there the prefetches cost 7–19 % of the time (mid shapes,
+    // alternating; one row of bfloat16 is 9–11 % slower without them).
+    if constexpr (R > 1 || !std::is_same_v<p_t, float>) {
+      const char* ahead = reinterpret_cast<const char*>(panel + k * kPanel) + kPrefetchBytes;
+      _mm_prefetch(ahead, _MM_HINT_T0);
+      if constexpr (kStepBytes > kLine) _mm_prefetch(ahead + kLine, _MM_HINT_T0);
+      if constexpr (kStepBytes > 2 * kLine) {
+        _mm_prefetch(ahead + 2 * kLine, _MM_HINT_T0);
+        _mm_prefetch(ahead + 3 * kLine, _MM_HINT_T0);
+      }
     }
     if constexpr (kFar)
       for (far_due += far.lines; far_due >= iterations; far_due -= iterations, far.begin += kLine)
