@@ -41,7 +41,10 @@ async def _post_all(url: str, headers: dict, bodies: list[dict]) -> list[httpx.R
 
 def test_more_requests_than_sequences_and_kv_preempt_and_still_match_greedy(hardened, greedy):
     conversations = [_conversation(i) for i in range(2 * MAX_NUM_SEQS)]
-    max_tokens = 40  # ~100 tokens (7 blocks) each: 4 running need 28 blocks of the 24
+    # ~160 tokens (10 blocks) each: any 3 running at once need 30 blocks of the 24, and a request
+    # decodes for 100 steps, so the 8 overlap however fast a step is (at 40 tokens, 4 had to
+    # overlap, and once the layers were fused some runs finished them before the 4th started)
+    max_tokens = 100
     want = greedy(conversations, max_tokens, ignore_eos=True)
     preemptions_before = metric(hardened.url, "mmserve:num_preemptions_total")
     bodies = [
