@@ -7,8 +7,8 @@ Run from the repository root:
 For weight [N, K] (default K=768, N=3072: a mid-size MLP projection) and each row count M, the
 candidates run interleaved round by round in one process (a neighbour's burst hits all alike);
 the median ms, GFLOP/s and GB/s of weight read are printed. float32: MKL's `F.linear`, oneDNN's
-prepacked matmul and csrc's float32 panels; bfloat16: `F.linear`, csrc's bfloat16 panels, and the
-weight converted to float32 per call then `F.linear` (what large M could do instead). Each
+prepacked matmul and csrc's float32 panels; bfloat16: `F.linear`, csrc's bfloat16 panels, oneDNN's prepacked matmul where
+the CPU has bfloat16 instructions, and the weight converted to float32 per call then `F.linear` (what large M could do instead). Each
 candidate cycles through copies of its weight, `--weight-mib` in all, so that at small M a call
 reads its weight from memory, as a decode step does, not from the last call's cache.
 """
@@ -52,6 +52,8 @@ def candidates(
     found["fp32 panel kernel"] = cycling([linear.PanelLinear(w) for w in weights32], x32)
     found["bf16 F.linear"] = cycling([functools.partial(F.linear, weight=w) for w in weights16], x16)
     found["bf16 panel kernel"] = cycling([linear.PanelLinear(w) for w in weights16], x16)
+    if linear.onednn_supports(torch.bfloat16):  # AVX512-BF16 / AMX
+        found["bf16 oneDNN packed"] = cycling([linear.OneDnnLinear(w) for w in weights16], x16)
 
     def via_float32() -> torch.Tensor:
         return F.linear(x16.float(), weight16.float()).bfloat16()

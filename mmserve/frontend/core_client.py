@@ -108,17 +108,30 @@ class MPCoreClient:
     async def add_request(self, request: EngineRequest) -> None:
         frames = protocol.encode_add(request)
         self.pixel_bytes_sent += sum(memoryview(frame).nbytes for frame in frames[2:])
-        await self._to_engine.send_multipart(frames, copy=False)
+        await self._send(frames, copy=False)
 
     async def send_pixels(self, request_id: str, mm_hash: str, pixels: np.ndarray | PixelHandle) -> None:
         """An array is copied into the message (its segment is released after this returns)."""
         frames = protocol.encode_pixels(request_id, mm_hash, pixels)
         self.pixel_bytes_sent += sum(memoryview(frame).nbytes for frame in frames[2:])
-        await self._to_engine.send_multipart(frames)
+        await self._send(frames)
 
     async def abort_requests(self, request_ids: list[str]) -> None:
         if request_ids:
-            await self._to_engine.send_multipart(protocol.encode_abort(list(request_ids)))
+            await self._send(protocol.encode_abort(list(request_ids)))
+
+    async def _send(self, frames: list, copy: bool = True) -> None:
+        """Send one message to the engine, or raise EngineDeadError once it has died: a PUSH
+        socket whose only peer is gone holds the message, and its sender, until a peer connects,
+        which a dead engine never does. A send that cannot go at once (rare: the queue to the
+        engine is full) checks the engine's process every 100 ms while it waits."""
+        sending = self._to_engine.send_multipart(frames, copy=copy)
+        while not sending.done():
+            await asyncio.wait({sending}, timeout=0.1)
+            if not sending.done() and not self.is_alive():
+                sending.cancel()
+                raise EngineDeadError(f"EngineCore died (exit code {self.process.exitcode})")
+        sending.result()
 
     async def get_output(self, poll_ms: int = 100) -> EngineCoreOutputs | None:
         """The next step's outputs, or None if nothing arrived within `poll_ms` (the caller

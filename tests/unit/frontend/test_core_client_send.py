@@ -1,0 +1,54 @@
+"""Sending to EngineCore after it died: the frontend's PUSH socket holds a message whose only peer
+is gone until a peer connects, which a dead engine never does, so a request whose send came just
+after the death used to wait until the server's shutdown timeout cancelled it (a bare 500 after
+8 s, tests/reliability/test_faults.py). A send now fails with EngineDeadError instead."""
+
+from __future__ import annotations
+
+import asyncio
+import multiprocessing
+import time
+
+import pytest
+import zmq
+
+from mmserve.engine_args import EngineArgs
+from mmserve.frontend.core_client import EngineDeadError, MPCoreClient
+from mmserve.testing.checkpoints import checkpoint
+
+
+@pytest.fixture
+def client():
+    client = MPCoreClient(EngineArgs(checkpoint("qwen2_vl"), preprocess_workers=0).create_engine_config())
+    yield client
+    client.shutdown()
+
+
+def exited_process() -> multiprocessing.Process:
+    process = multiprocessing.get_context("spawn").Process(target=int)
+    process.start()
+    process.join()
+    return process
+
+
+def test_a_send_with_the_engine_alive_and_connected_arrives(client):
+    client.process = multiprocessing.get_context("spawn").Process(target=time.sleep, args=(60,))
+    client.process.start()
+    peer = zmq.Context.instance().socket(zmq.PULL)
+    peer.connect(client.input_address)
+    try:
+        asyncio.run(asyncio.wait_for(client.abort_requests(["r1"]), 5))
+        assert peer.poll(5000)
+        assert peer.recv_multipart()
+    finally:
+        peer.close(linger=0)
+
+
+def test_a_send_after_the_engine_died_fails_instead_of_waiting(client):
+    peer = zmq.Context.instance().socket(zmq.PULL)
+    peer.connect(client.input_address)
+    peer.close(linger=0)  # the engine's end of the socket is gone with it
+    client.process = exited_process()
+
+    with pytest.raises(EngineDeadError, match="exit code 0"):  # not wait_for's TimeoutError
+        asyncio.run(asyncio.wait_for(client.abort_requests(["r1"]), 5))
