@@ -7,10 +7,11 @@ Run from the repository root:
 For weight [N, K] (default K=768, N=3072: a mid-size MLP projection) and each row count M, the
 candidates run interleaved round by round in one process (a neighbour's burst hits all alike);
 the median ms, GFLOP/s and GB/s of weight read are printed. float32: MKL's `F.linear`, oneDNN's
-prepacked matmul and csrc's float32 panels; bfloat16: `F.linear`, csrc's bfloat16 panels, oneDNN's prepacked matmul where
-the CPU has bfloat16 instructions, and the weight converted to float32 per call then `F.linear` (what large M could do instead). Each
-candidate cycles through copies of its weight, `--weight-mib` in all, so that at small M a call
-reads its weight from memory, as a decode step does, not from the last call's cache.
+prepacked matmul and csrc's float32 panels; bfloat16: `F.linear`, csrc's bfloat16 panels,
+oneDNN's prepacked matmul where the CPU has bfloat16 instructions, and the weight converted to
+float32 per call then `F.linear` (what large M could do instead). Each candidate cycles through
+copies of its weight, `--weight-mib` in all, so that at small M a call reads its weight from
+memory, as a decode step does, not from the last call's cache.
 """
 
 from __future__ import annotations

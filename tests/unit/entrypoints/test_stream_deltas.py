@@ -6,9 +6,7 @@ The SSE builder then sends each choice's finish_reason exactly once, n > 1 inclu
 
 from __future__ import annotations
 
-import asyncio
 import json
-from concurrent.futures import ThreadPoolExecutor
 from types import SimpleNamespace
 
 from hypothesis import given, settings
@@ -20,6 +18,7 @@ from mmserve.frontend.output_processor import OutputProcessor, held_back_chars
 from mmserve.outputs import RequestOutputKind
 from mmserve.protocol import EngineCoreOutput
 from mmserve.sampling_params import SamplingParams
+from mmserve.testing.run_apart import run_apart
 
 
 class PieceTokenizer:
@@ -140,8 +139,7 @@ def sse_chunks(stream) -> list[dict]:
     async def read():
         return [event async for event in stream]
 
-    with ThreadPoolExecutor(1) as pool:  # pytest-playwright may hold the main thread's loop
-        events = pool.submit(asyncio.run, read()).result()
+    events = run_apart(read())
     assert events[-1] == "data: [DONE]\n\n"
     return [json.loads(event.removeprefix("data: ")) for event in events[:-1]]
 

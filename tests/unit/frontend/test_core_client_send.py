@@ -15,6 +15,7 @@ import zmq
 from mmserve.engine_args import EngineArgs
 from mmserve.frontend.core_client import EngineDeadError, MPCoreClient
 from mmserve.testing.checkpoints import checkpoint
+from mmserve.testing.run_apart import run_apart
 
 
 @pytest.fixture
@@ -37,7 +38,7 @@ def test_a_send_with_the_engine_alive_and_connected_arrives(client):
     peer = zmq.Context.instance().socket(zmq.PULL)
     peer.connect(client.input_address)
     try:
-        asyncio.run(asyncio.wait_for(client.abort_requests(["r1"]), 5))
+        run_apart(asyncio.wait_for(client.abort_requests(["r1"]), 5))
         assert peer.poll(5000)
         assert peer.recv_multipart()
     finally:
@@ -51,4 +52,4 @@ def test_a_send_after_the_engine_died_fails_instead_of_waiting(client):
     client.process = exited_process()
 
     with pytest.raises(EngineDeadError, match="exit code 0"):  # not wait_for's TimeoutError
-        asyncio.run(asyncio.wait_for(client.abort_requests(["r1"]), 5))
+        run_apart(asyncio.wait_for(client.abort_requests(["r1"]), 5))

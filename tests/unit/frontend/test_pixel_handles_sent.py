@@ -5,9 +5,7 @@ are copied into the request, as before."""
 
 from __future__ import annotations
 
-import asyncio
 import base64
-import concurrent.futures
 
 import numpy as np
 import pytest
@@ -20,6 +18,7 @@ from mmserve.frontend.media_processor import handle_ids
 from mmserve.sampling_params import SamplingParams
 from mmserve.testing.checkpoints import checkpoint
 from mmserve.testing.reference import png_bytes, synthetic_image
+from mmserve.testing.run_apart import run_apart
 from preprocess import shm
 
 PARAMS = SamplingParams(max_tokens=1)
@@ -88,13 +87,6 @@ class RefusingClient:
 
     async def abort_requests(self, request_ids) -> None:
         pass
-
-
-def run_apart(coroutine):
-    """asyncio.run in a thread of its own: a browser test earlier in the session (Playwright's
-    sync API) leaves an event loop running in the main thread."""
-    with concurrent.futures.ThreadPoolExecutor(1) as pool:
-        return pool.submit(asyncio.run, coroutine).result()
 
 
 def test_a_request_that_cannot_be_sent_gives_back_its_pins(config, frontend):
