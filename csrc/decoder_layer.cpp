@@ -4,12 +4,16 @@
 // microseconds of dispatch on a small CPU — ~0.3 ms a layer, more than a tiny model's whole
 // arithmetic and over a tenth of a mid model's decode step. This chains the same checked ops
 // (ops.h) in the order the layer's modules call them (mmserve/models/qwen2.py), so its results
-// are those of the unfused layer bit for bit.
+// are those of the unfused layer bit for bit. A linear's weight is either csrc's panels
+// (packed_linear) or oneDNN's blocked copy (an mkldnn tensor: bfloat16 on CPUs with AVX512-BF16 /
+// AMX, mmserve/ops/linear.py), called through the dispatcher as OneDnnLinear calls it.
+#include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/ops/empty.h>
 #include <c10/core/ScalarType.h>
 #include <torch/library.h>
 
 #include <optional>
+#include <string_view>
 
 #include "ops.h"
 
@@ -19,6 +23,24 @@ namespace {
 // weights: the input norm, q/k/v (packed), o (packed), the post-attention norm, gate/up (packed),
 // down (packed); qk_norms: the per-head q and k norms (Qwen3) or none.
 enum Weight { kInputNorm, kQkv, kO, kPostNorm, kGateUp, kDown, kNumWeights };
+
+// torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], None): x Wᵀ + b over oneDNN's
+// weight, what mmserve.ops.linear.OneDnnLinear calls.
+at::Tensor onednn_linear(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias) {
+  using Signature = at::Tensor(const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&,
+                               std::string_view, c10::List<std::optional<c10::Scalar>>,
+                               std::optional<std::string_view>);
+  static const auto op =
+      c10::Dispatcher::singleton().findSchemaOrThrow("mkldnn::_linear_pointwise", "").typed<Signature>();
+  return op.call(x, weight, bias, "none", c10::List<std::optional<c10::Scalar>>(), std::nullopt);
+}
+
+// x [T, K] → [T, out_features] over either kind of packed weight.
+at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
+                  int64_t out_features) {
+  if (weight.is_mkldnn()) return onednn_linear(x, weight, bias);
+  return packed_linear_op(x, weight, bias, out_features);
+}
 
 at::Tensor head_norm(const at::Tensor& heads, const at::Tensor& weight, double eps) {
   // heads: [T, heads, D], rows strided → a new contiguous [T, heads, D], as Qwen3Attention does.
@@ -49,7 +71,8 @@ at::Tensor decoder_layer_op(const at::Tensor& x, const std::optional<at::Tensor>
   TORCH_CHECK(kv_cache.dim() == 5, "kv_cache must be [2, blocks, block_size, kv_heads, head_dim]");
   const int64_t tokens = x.size(0), hidden = x.size(1), head_dim = kv_cache.size(4);
   const int64_t q_size = num_heads * head_dim, kv_size = num_kv_heads * head_dim;
-  TORCH_CHECK(weights[kDown].dim() == 3, "the down projection must be packed [panels, intermediate, 16]");
+  TORCH_CHECK(weights[kDown].is_mkldnn() || weights[kDown].dim() == 3,
+              "the down projection must be packed: [panels, intermediate, 16] or oneDNN's [hidden, intermediate]");
   const int64_t intermediate = weights[kDown].size(1);
 
   at::Tensor normed = x;
@@ -62,7 +85,7 @@ at::Tensor decoder_layer_op(const at::Tensor& x, const std::optional<at::Tensor>
   }
   const at::Tensor& stream = residual.has_value() ? *residual : x;
 
-  const at::Tensor qkv = packed_linear_op(normed, weights[kQkv], qkv_bias, q_size + 2 * kv_size);
+  const at::Tensor qkv = linear(normed, weights[kQkv], qkv_bias, q_size + 2 * kv_size);
   at::Tensor q = qkv.narrow(1, 0, q_size).view({tokens, num_heads, head_dim});
   at::Tensor k = qkv.narrow(1, q_size, kv_size).view({tokens, num_kv_heads, head_dim});
   const at::Tensor v = qkv.narrow(1, q_size + kv_size, kv_size).view({tokens, num_kv_heads, head_dim});
@@ -75,12 +98,12 @@ at::Tensor decoder_layer_op(const at::Tensor& x, const std::optional<at::Tensor>
   const at::Tensor attention = at::empty({tokens, num_heads, head_dim}, q.options());
   paged_attention_op(attention, q, kv_cache, query_start_loc, seq_lens, block_table, scale);
 
-  const at::Tensor h = packed_linear_op(attention.view({tokens, q_size}), weights[kO], std::nullopt, hidden);
+  const at::Tensor h = linear(attention.view({tokens, q_size}), weights[kO], std::nullopt, hidden);
   fused_add_rms_norm_op(h, stream, weights[kPostNorm], eps);
-  const at::Tensor gate_up = packed_linear_op(h, weights[kGateUp], std::nullopt, 2 * intermediate);
+  const at::Tensor gate_up = linear(h, weights[kGateUp], std::nullopt, 2 * intermediate);
   const at::Tensor activation = at::empty({tokens, intermediate}, gate_up.options());
   silu_and_mul_op(activation, gate_up);
-  return packed_linear_op(activation, weights[kDown], std::nullopt, hidden);
+  return linear(activation, weights[kDown], std::nullopt, hidden);
 }
 
 }  // namespace mmserve
@@ -94,3 +117,5 @@ TORCH_LIBRARY_FRAGMENT(mmserve_cpu, m) {
 }
 
 TORCH_LIBRARY_IMPL(mmserve_cpu, CPU, m) { m.impl("decoder_layer", &mmserve::decoder_layer_op); }
+// oneDNN's weights are MkldnnCPU tensors, which decide the dispatch key when in `weights`.
+TORCH_LIBRARY_IMPL(mmserve_cpu, MkldnnCPU, m) { m.impl("decoder_layer", &mmserve::decoder_layer_op); }

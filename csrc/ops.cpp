@@ -13,6 +13,7 @@
 
 #include "kernels.h"
 #include "ops.h"
+#include "prompt_attention.h"
 
 namespace mmserve {
 namespace {
@@ -134,7 +135,19 @@ void paged_attention_op(const at::Tensor& out, const at::Tensor& query, const at
   TORCH_CHECK(args.num_kv_heads > 0 && args.num_heads % args.num_kv_heads == 0, "query heads (", args.num_heads,
               ") must be a multiple of kv heads (", args.num_kv_heads, ")");
   add_requests(args, query_start_loc, seq_lens, block_table, query.size(0));
-  paged_attention(args);
+  // Long prompt chunks go to torch's flash kernel (prompt_attention.h), the rest to the tile engine.
+  size_t kept = 0;
+  for (size_t s = 0; s < args.sequences.size(); ++s) {
+    if (args.sequences[s].num_queries >= kPromptAttentionMinQueries) {
+      prompt_attention(out, query, kv_cache, args.sequences[s], args.block_tables[s], scale);
+      continue;
+    }
+    args.sequences[kept] = args.sequences[s];
+    args.block_tables[kept++] = args.block_tables[s];
+  }
+  args.sequences.resize(kept);
+  args.block_tables.resize(kept);
+  if (!args.sequences.empty()) paged_attention(args);
 }
 
 void varlen_attention_op(const at::Tensor& out, const at::Tensor& query, const at::Tensor& key,
@@ -308,6 +321,9 @@ TORCH_LIBRARY(mmserve_cpu, m) {
       "Tensor row_of_channel) -> ()");
   m.def("pack_weight(Tensor(a!) packed, Tensor weight) -> ()");
   m.def("packed_linear(Tensor x, Tensor packed, Tensor? bias, int out_features) -> Tensor");
+  // The shortest prompt chunk paged_attention hands to torch's flash kernel (prompt_attention.h).
+  m.def("prompt_attention_min_queries() -> int",
+        []() -> int64_t { return mmserve::kPromptAttentionMinQueries; });
 }
 
 TORCH_LIBRARY_IMPL(mmserve_cpu, CPU, m) {

@@ -3,10 +3,10 @@
 Why: a mid-size layer's ten kernel calls from Python, with the views between them, cost ~0.3 ms
 a layer on a small CPU — more than a tiny model's arithmetic and over a tenth of a mid model's
 decode step. A layer inheriting `FusesOnCpu` says in `fuse()` whether all of it runs on csrc's
-kernels (the CPU attention backend, every linear packed into panels, one rank) and if so keeps
-a `FusedDecoderLayer`, which its forward then calls instead of its modules. `fuse_decoder_layers`
-does that for a whole model once its weights are packed. The fused call chains the same ops in
-the same order, so the results do not change.
+kernels (the CPU attention backend, every linear packed into csrc's panels or oneDNN's layout,
+one rank) and if so keeps a `FusedDecoderLayer`, which its forward then calls instead of its
+modules. `fuse_decoder_layers` does that for a whole model once its weights are packed. The
+fused call chains the same ops in the same order, so the results do not change.
 """
 
 from __future__ import annotations

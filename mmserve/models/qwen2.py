@@ -21,7 +21,7 @@ from mmserve.layers.norm import RMSNorm
 from mmserve.layers.rotary import InterleavedMRotaryEmbedding, MRotaryEmbedding
 from mmserve.layers.vocab_embedding import VocabParallelEmbedding
 from mmserve.layers.weights import CheckpointTensor, load_parameter
-from mmserve.ops.linear import PanelLinear
+from mmserve.ops.linear import OneDnnLinear, PanelLinear
 
 # checkpoint name fragment → (fused parameter fragment, shard index)
 STACKED_PARAMS = {
@@ -118,8 +118,8 @@ class Qwen2DecoderLayer(FusesOnCpu, nn.Module):
     def fuse(self) -> bool:
         attn = self.self_attn
         linears = (attn.qkv_proj, attn.o_proj, self.mlp.gate_up_proj, self.mlp.down_proj)
-        on_panels = all(isinstance(linear.linear_method, PanelLinear) for linear in linears)
-        if attn.backend.name != "cpu" or not on_panels or attn.o_proj.group.world_size != 1:
+        packed = all(isinstance(linear.linear_method, PanelLinear | OneDnnLinear) for linear in linears)
+        if attn.backend.name != "cpu" or not packed or attn.o_proj.group.world_size != 1:
             return False
         self.fused = FusedDecoderLayer(
             weights=[

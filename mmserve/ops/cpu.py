@@ -25,6 +25,7 @@ __all__ = [
     "pack_weight",
     "packed_linear",
     "paged_attention",
+    "prompt_attention_min_queries",
     "quick_gelu",
     "rms_norm",
     "silu_and_mul",
@@ -50,6 +51,13 @@ def paged_attention(
         out = torch.empty_like(query)
     ops().paged_attention.default(out, query, kv_cache, query_start_loc, seq_lens, block_table, scale)
     return out
+
+
+def prompt_attention_min_queries() -> int:
+    """Requests with this many query rows or more in a `paged_attention` call are attended by
+    torch's flash kernel over their gathered keys (csrc/prompt_attention.h), the rest by the
+    tile engine."""
+    return ops().prompt_attention_min_queries.default()
 
 
 def varlen_attention(
@@ -165,9 +173,10 @@ def decoder_layer(
     scale: float,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """`reference.decoder_layer` in one call, with its four linear weights packed by
-    `pack_weight`, in place: x and residual (x itself when None) are overwritten, and the
-    returned stream is that tensor. The ops of csrc/ in the layer modules' order, so results are
-    those of the unfused layer on this kernel set, bit for bit."""
+    `pack_weight` or by oneDNN (`linear.OneDnnLinear.packed`, any mix), in place: x and residual
+    (x itself when None) are overwritten, and the returned stream is that tensor. The ops of
+    csrc/ in the layer modules' order, so results are those of the unfused layer on this kernel
+    set, bit for bit."""
     out = ops().decoder_layer.default(
         x, residual, positions, kv_cache, query_start_loc, seq_lens, block_table, slot_mapping, weights,
         qkv_bias, qk_norms, cos_cache, sin_cache, row_of_channel, num_heads, num_kv_heads, eps, scale,

@@ -46,22 +46,29 @@ TORCH_KERNELS = Kernels(
 )
 """Plain torch: the reference every other set is checked against, on any device."""
 
-# Segments up to this many rows go to the C++ varlen kernel; longer ones (a whole image in a
-# full-attention block) to SDPA, which was faster there (benchmarks/kernels_cpu.py: 0.66x
-# for the kernel on one 1024-patch image, 1.13-2.8x on 64-patch windows).
-_CPU_VARLEN_MAX_SEGMENT = 256
+# Segments up to this many rows go to the C++ varlen kernel, longer ones to SDPA, by the build's
+# instruction set. AVX2 (a 2-core AMD EPYC): SDPA was faster for a whole image in a
+# full-attention block, the kernel for windows (benchmarks/kernels_cpu.py: 0.66x for the kernel
+# on one 1024-patch image, 1.13-2.8x on 64-patch windows). AVX-512 (a 2-core Sapphire Rapids,
+# torch's flash kernel on oneDNN's brgemm): SDPA at every length measured, 16-4096 rows, head
+# dims 16 and 64: 2-5x in bfloat16, 1.0-2.8x in float32 (BENCHMARKS.md, "Prompt attention
+# through torch's flash kernel").
+_CPU_VARLEN_MAX_SEGMENT = {"AVX2": 256, "AVX512": 0}
 
 
 @cache
 def cpu_kernels() -> Kernels:
     """The C++ kernels of csrc/ (built on first use); raises KernelBuildError if they cannot be."""
     from mmserve.ops import cpu
+    from mmserve.ops._extension import build_target
 
     cpu.ops()  # build or load now, so a failure surfaces here and not in the first step
 
+    max_segment = _CPU_VARLEN_MAX_SEGMENT.get(build_target().capability, 0)
+
     def varlen_attention(query, key, value, cu_seqlens: list[int], scale: float) -> torch.Tensor:
         longest = max((end - start for start, end in pairwise(cu_seqlens)), default=0)
-        if longest > _CPU_VARLEN_MAX_SEGMENT:
+        if longest > max_segment:
             return varlen_attention_sdpa(query, key, value, cu_seqlens, scale)
         return cpu.varlen_attention(query, key, value, cu_seqlens, scale)
 

@@ -12,7 +12,6 @@ import torch
 
 from mmserve.config import CacheConfig, ExecutionConfig, ModelConfig, SchedulerConfig
 from mmserve.layers.fused_decoder_layer import FusesOnCpu
-from mmserve.ops.linear import onednn_supports
 from mmserve.testing.driver import ChunkedDriver
 from mmserve.testing.reference import Reference, synthetic_image
 from mmserve.worker.model_runner import ModelRunner
@@ -38,10 +37,8 @@ def decoder_layers(runner: ModelRunner) -> list[FusesOnCpu]:
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_fused_layers_match_their_modules_bit_for_bit(model_dir, dtype):
     fused, modules = cpu_runner(model_dir, "fused", dtype), cpu_runner(model_dir, "modules", dtype)
-    # bfloat16 linears go to oneDNN where it computes in bfloat16: those layers are not fused
-    expect_fused = dtype == "float32" or not onednn_supports(torch.bfloat16)
-    layers = decoder_layers(fused)
-    assert layers and all((layer.fused is not None) == expect_fused for layer in layers)
+    layers = decoder_layers(fused)  # bfloat16 linears on oneDNN where it computes bfloat16: fused too
+    assert layers and all(layer.fused is not None for layer in layers)
     assert all(layer.fused is None for layer in decoder_layers(modules))
     reference = Reference(model_dir)
     text = [{"type": "text", "text": "Describe the picture, then count the shapes."}]
