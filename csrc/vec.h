@@ -40,11 +40,21 @@ inline Vec round_to(const Vec& v) {
   if constexpr (std::is_same_v<T, float>) {
     return v;
   } else {
+#if defined(CPU_CAPABILITY_AVX512)
+    // In registers: round to nearest even on the low 16 bits (NaN lanes left as they are).
+    const __m512i bits = _mm512_castps_si512(v);
+    const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
+    const __m512i biased = _mm512_add_epi32(bits, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff)));
+    const __m512 rounded =
+        _mm512_castsi512_ps(_mm512_and_si512(biased, _mm512_set1_epi32(static_cast<int32_t>(0xffff0000u))));
+    return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(v, v, _CMP_ORD_Q), v, rounded);
+#else
     __at_align__ BFloat16 packed[2 * kVecSize];
     at::vec::convert_float_bfloat16(v, v).store(packed);
     Vec out;
     at::vec::load_fp32_from_bf16(packed, out);
     return out;
+#endif
   }
 }
 
