@@ -15,6 +15,7 @@ import zmq
 from mmserve import envs, protocol
 from mmserve.config import EngineConfig
 from mmserve.core.sched_output import ExecutorDeadError
+from mmserve.process_name import set_process_name
 
 if TYPE_CHECKING:
     from mmserve.core.engine_core import EngineCore
@@ -31,6 +32,7 @@ def run_engine_core_process(
     Never blocks on the frontend: it sleeps on its input socket only while it has no work.
     """
     start = time.perf_counter()
+    set_process_name("mmserve-engine")
     # A spawned child starts with no logging set up; the server's level comes through the
     # environment (the CLI exports MMSERVE_LOG_LEVEL), so progress lines reach the same stream.
     logging.basicConfig(

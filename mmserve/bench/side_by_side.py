@@ -27,6 +27,7 @@ import httpx
 
 from mmserve.bench.dataset import load_conversations
 from mmserve.bench.peers import ROOT, Peer, RunningServer
+from mmserve.bench.process_cpu import cpu_between, group_cpu_seconds
 from mmserve.bench.serve import add_bench_serve_arguments, benchmark, endpoint_from_args, machine_facts
 from mmserve.bench.vllm_client import vllm_round
 from mmserve.testing.server import free_port
@@ -81,23 +82,29 @@ def run_peer(peer: Peer, args: argparse.Namespace, dataset) -> dict:
         bench_args.base_url, bench_args.model = server.url, None
         bench_args.image_refs = "file" if peer.name in args.files_peer else "data-url"
         endpoint = endpoint_from_args(bench_args)
-        rounds = []
+        rounds, cpu_by_round = [], []
         for i in range(args.rounds):
             print(f"--- {peer.name} ({peer.describe()}), round {i + 1}/{args.rounds}", flush=True)
             # Each round takes the next rows of the same seeded sample (the same for every peer),
             # so no round hits prefix-cache entries an earlier round left behind.
             bench_args.num_warmups = args.num_warmups if i == 0 else 0
             skip = 0 if i == 0 else args.num_warmups + i * args.num_prompts
+            cpu_before = group_cpu_seconds(server.proc.pid)
             if args.client == "vllm":
                 rounds.append(vllm_round(bench_args, server.url, i))
             else:
                 rounds.append(benchmark(bench_args, endpoint, dataset, skip_rows=skip))
+            requests = rounds[-1]["num_prompts"] + bench_args.num_warmups
+            spent = cpu_between(cpu_before, group_cpu_seconds(server.proc.pid))
+            cpu_by_round.append({name: 1000 * s / requests for name, s in spent.items() if s > 0})
         counters = server_counters(server.url) if peer.kind == "mmserve" else {}
     finally:
         server.stop()
     rates = [r["runs"][0]["request_throughput"] for r in rounds]
-    chosen = rounds[rates.index(statistics.median_low(rates))]
+    median = rates.index(statistics.median_low(rates))
+    chosen = rounds[median]
     return chosen | {
+        "server_cpu_ms_per_request": cpu_by_round[median],
         "peer": peer.name,
         "server": peer.describe(),
         "rounds_req_per_s": rates,
@@ -160,6 +167,17 @@ def markdown(results: list[dict], args: argparse.Namespace, command: str) -> str
             for c in results
         ]
         lines.append(f"| {r['peer']} | " + " | ".join(f"{x:.2f}" for x in ratios) + " |")
+    lines += [
+        "",
+        "Server CPU per request (ms of user + system time, the round's warm-ups included), by process:",
+        "",
+        "| peer | total | by process |",
+        "|---|---:|---|",
+    ]
+    for r in results:
+        cpu = r.get("server_cpu_ms_per_request", {})
+        parts = ", ".join(f"{name} {ms:.1f}" for name, ms in sorted(cpu.items(), key=lambda kv: -kv[1]))
+        lines.append(f"| {r['peer']} | {sum(cpu.values()):.1f} | {parts} |")
     counted = [r for r in results if r["server_counters"]]
     if counted:
         names = list(counted[0]["server_counters"])

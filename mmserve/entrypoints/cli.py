@@ -78,7 +78,9 @@ def run_server(engine_config: EngineConfig, server_config: ServerConfig, uvicorn
     from mmserve.entrypoints.openai.api_server import build_app
     from mmserve.entrypoints.openai.drain import Drain
     from mmserve.entrypoints.openai.http_server import DrainingServer, build_server
+    from mmserve.process_name import set_process_name
 
+    set_process_name("mmserve-api")
     engine_died = False
     server: DrainingServer | None = None
 

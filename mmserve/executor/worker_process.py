@@ -23,6 +23,7 @@ from mmserve.config import EngineConfig
 from mmserve.distributed import message_queue as mq
 from mmserve.distributed.parallel_state import DistributedInit
 from mmserve.executor.worker_factory import build_worker
+from mmserve.process_name import set_process_name
 from mmserve.worker.worker import Worker
 
 logger = logging.getLogger("mmserve.worker")
@@ -47,6 +48,7 @@ def run_worker_process(
     parent_pid: int,
 ) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the engine decides when workers stop
+    set_process_name(f"mmserve-rank{distributed_init.rank}")
     watch_parent(parent_pid)
     channel = mq.WorkerChannel(broadcast_address, result_address, distributed_init.rank)
     try:

@@ -22,6 +22,7 @@ LEAVES = {
     "mmserve.protocol",
     "mmserve.sampling_params",
     "mmserve.outputs",
+    "mmserve.process_name",  # names the process for ps/top (Linux prctl)
 }
 # Support packages every layer may use is not a thing: only those named below.
 ALLOWED: dict[str, set[str]] = {
