@@ -19,7 +19,7 @@ from itertools import pairwise
 import torch
 
 from mmserve.ops import reference
-from mmserve.ops.linear import LinearMethod, pack_cpu_linear
+from mmserve.ops.linear import LinearMethod, float32_outruns_bfloat16, pack_cpu_linear
 from mmserve.ops.sdpa import varlen_attention_sdpa
 
 
@@ -54,6 +54,12 @@ TORCH_KERNELS = Kernels(
 # dims 16 and 64: 2-5x in bfloat16, 1.0-2.8x in float32 (BENCHMARKS.md, "Prompt attention
 # through torch's flash kernel").
 _CPU_VARLEN_MAX_SEGMENT = {"AVX2": 256, "AVX512": 0}
+# Where float32 outruns bfloat16 (linear.float32_outruns_bfloat16: AVX512-BF16 without AMX),
+# bfloat16 calls whose longest segment has this many rows go to SDPA widened to float32: 1.2-1.5x
+# bfloat16 SDPA from 512 rows (one 1024-row image, 2 x 512, one 4096-row image at head dims 16,
+# 64 and 80), 1.05-1.1x at 4 x 256, 0.7x on 64-row windows (`python -m
+# benchmarks.vision_attention_cpu`, a 2-core Emerald Rapids).
+_WIDEN_BF16_MIN_SEGMENT = 512
 
 
 @cache
@@ -65,9 +71,13 @@ def cpu_kernels() -> Kernels:
     cpu.ops()  # build or load now, so a failure surfaces here and not in the first step
 
     max_segment = _CPU_VARLEN_MAX_SEGMENT.get(build_target().capability, 0)
+    widen_bf16 = float32_outruns_bfloat16()
 
     def varlen_attention(query, key, value, cu_seqlens: list[int], scale: float) -> torch.Tensor:
         longest = max((end - start for start, end in pairwise(cu_seqlens)), default=0)
+        if widen_bf16 and query.dtype == torch.bfloat16 and longest >= _WIDEN_BF16_MIN_SEGMENT:
+            wide = varlen_attention_sdpa(query.float(), key.float(), value.float(), cu_seqlens, scale)
+            return wide.to(query.dtype)
         if longest > max_segment:
             return varlen_attention_sdpa(query, key, value, cu_seqlens, scale)
         return cpu.varlen_attention(query, key, value, cu_seqlens, scale)
