@@ -51,6 +51,17 @@ def cpu_decoder_layer() -> str:
     return value
 
 
+def cpu_widen_bf16() -> str:
+    """MMSERVE_CPU_WIDEN_BF16: `auto` (default: on CPUs whose float32 FMAs outrun their bfloat16
+    dot products, AVX512-BF16 without AMX, the vision tower's bf16 linears and long-image attention
+    run widened to float32; mmserve.ops.linear.float32_outruns_bfloat16) or `never` (bf16
+    throughout, as on every other CPU)."""
+    value = os.environ.get("MMSERVE_CPU_WIDEN_BF16", "auto")
+    if value not in ("auto", "never"):
+        raise ValueError(f"MMSERVE_CPU_WIDEN_BF16 must be 'auto' or 'never', got {value!r}")
+    return value
+
+
 def api_key() -> str | None:
     """MMSERVE_API_KEY: the server's API key when --api-key is not given (keeps it out of `ps`)."""
     return os.environ.get("MMSERVE_API_KEY") or None

@@ -138,11 +138,13 @@ def float32_outruns_bfloat16() -> bool:
     """Whether compute-bound bfloat16 work runs faster widened to float32 on this CPU: AVX512-BF16
     without AMX, where vdpbf16ps retires one per two cycles (16 multiply-adds a cycle per core)
     against 1.7 float32 FMAs (27), measured on a 2-core Emerald Rapids. Memory-bound work (a
-    decode step's matmuls) still reads half the bytes in bfloat16."""
+    decode step's matmuls) still reads half the bytes in bfloat16. MMSERVE_CPU_WIDEN_BF16=never
+    turns it off."""
+    from mmserve import envs
     from mmserve.ops._extension import cpu_flags
 
     flags = cpu_flags().split()
-    return "avx512_bf16" in flags and "amx_bf16" not in flags
+    return envs.cpu_widen_bf16() == "auto" and "avx512_bf16" in flags and "amx_bf16" not in flags
 
 
 def pack_cpu_linear(weight: torch.Tensor, small_rows: bool = True) -> LinearMethod:

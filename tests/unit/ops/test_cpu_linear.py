@@ -145,3 +145,11 @@ def test_upcast_method_is_the_float32_product_rounded_once(rows):
     assert got.dtype == torch.bfloat16 and got.shape == (rows, 40)
     torch.testing.assert_close(got.double(), exact, rtol=2**-8, atol=1e-6)
     torch.testing.assert_close(got, F.linear(x, weight, bias), rtol=2**-7, atol=2**-7)
+
+
+def test_widening_bf16_can_be_turned_off(monkeypatch):
+    monkeypatch.setenv("MMSERVE_CPU_WIDEN_BF16", "never")
+    assert linear.float32_outruns_bfloat16.__wrapped__() is False
+    monkeypatch.setenv("MMSERVE_CPU_WIDEN_BF16", "sometimes")
+    with pytest.raises(ValueError, match="MMSERVE_CPU_WIDEN_BF16"):
+        linear.float32_outruns_bfloat16.__wrapped__()
