@@ -53,9 +53,9 @@ def cpu_decoder_layer() -> str:
 
 def cpu_widen_bf16() -> str:
     """MMSERVE_CPU_WIDEN_BF16: `auto` (default: on CPUs whose float32 FMAs outrun their bfloat16
-    dot products, AVX512-BF16 without AMX, the vision tower's bf16 linears and long-image attention
-    run widened to float32; mmserve.ops.linear.float32_outruns_bfloat16) or `never` (bf16
-    throughout, as on every other CPU)."""
+    dot products, AVX512-BF16 without AMX, a bf16 model's vision tower computes in float32;
+    mmserve.ops.linear.float32_outruns_bfloat16) or `never` (bf16 throughout, as on every other
+    CPU)."""
     value = os.environ.get("MMSERVE_CPU_WIDEN_BF16", "auto")
     if value not in ("auto", "never"):
         raise ValueError(f"MMSERVE_CPU_WIDEN_BF16 must be 'auto' or 'never', got {value!r}")

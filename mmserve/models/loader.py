@@ -85,6 +85,9 @@ def load_model(
         for name, buf in module.named_buffers(recurse=False):
             if buf.is_floating_point():
                 setattr(module, name, buf.float())
+    visual = getattr(model, "visual", None)
+    if visual is not None and config.dtype == torch.bfloat16 and backend.kernels.float32_vision_tower:
+        visual.float()  # see Kernels.float32_vision_tower; encode_images hands on bfloat16
     use_kernels(model, backend.kernels)
     pack = backend.kernels.pack_linear if envs.cpu_linear() == "packed" else None
     pack_linear_weights(

@@ -34,6 +34,9 @@ class Kernels:
     pack_linear: Callable[..., LinearMethod] | None = None  # (weight, small_rows) → method
     vision_rotary: Callable[..., torch.Tensor] = reference.vision_rotary
     quick_gelu: Callable[[torch.Tensor], torch.Tensor] = reference.quick_gelu
+    # A bfloat16 model's vision tower is loaded in float32 (faster here: compute-bound, see
+    # linear.float32_outruns_bfloat16); its embeddings are handed on in bfloat16.
+    float32_vision_tower: bool = False
 
 
 TORCH_KERNELS = Kernels(
@@ -54,12 +57,6 @@ TORCH_KERNELS = Kernels(
 # dims 16 and 64: 2-5x in bfloat16, 1.0-2.8x in float32 (BENCHMARKS.md, "Prompt attention
 # through torch's flash kernel").
 _CPU_VARLEN_MAX_SEGMENT = {"AVX2": 256, "AVX512": 0}
-# Where float32 outruns bfloat16 (linear.float32_outruns_bfloat16: AVX512-BF16 without AMX),
-# bfloat16 calls whose longest segment has this many rows go to SDPA widened to float32: 1.2-1.5x
-# bfloat16 SDPA from 512 rows (one 1024-row image, 2 x 512, one 4096-row image at head dims 16,
-# 64 and 80), 1.05-1.1x at 4 x 256, 0.7x on 64-row windows (`python -m
-# benchmarks.vision_attention_cpu`, a 2-core Emerald Rapids).
-_WIDEN_BF16_MIN_SEGMENT = 512
 
 
 @cache
@@ -71,13 +68,9 @@ def cpu_kernels() -> Kernels:
     cpu.ops()  # build or load now, so a failure surfaces here and not in the first step
 
     max_segment = _CPU_VARLEN_MAX_SEGMENT.get(build_target().capability, 0)
-    widen_bf16 = float32_outruns_bfloat16()
 
     def varlen_attention(query, key, value, cu_seqlens: list[int], scale: float) -> torch.Tensor:
         longest = max((end - start for start, end in pairwise(cu_seqlens)), default=0)
-        if widen_bf16 and query.dtype == torch.bfloat16 and longest >= _WIDEN_BF16_MIN_SEGMENT:
-            wide = varlen_attention_sdpa(query.float(), key.float(), value.float(), cu_seqlens, scale)
-            return wide.to(query.dtype)
         if longest > max_segment:
             return varlen_attention_sdpa(query, key, value, cu_seqlens, scale)
         return cpu.varlen_attention(query, key, value, cu_seqlens, scale)
@@ -90,6 +83,7 @@ def cpu_kernels() -> Kernels:
         mrope=cpu.mrope,
         varlen_attention=varlen_attention,
         pack_linear=pack_cpu_linear,
+        float32_vision_tower=float32_outruns_bfloat16(),
         vision_rotary=cpu.vision_rotary,
         quick_gelu=cpu.quick_gelu,
     )

@@ -12,11 +12,9 @@ AMD EPYC (BENCHMARKS.md, "CPU linear layers", has the earlier figures):
 - float32, large rows only: oneDNN's prepacked weight (`torch.ops.mkldnn`, as vLLM's CPU backend
   uses oneDNN): faster than MKL's sgemm at every M, and than the panels at K=2560 N=640 (the
   vision MLP's down projection: 0.77× for the panels at M=512);
-- bfloat16 where oneDNN computes in bfloat16 (AVX512-BF16, AMX, AVX-NE-CONVERT): oneDNN;
-  except layers that run only at large row counts on a CPU whose bfloat16 products are slower
-  than its float32 FMAs (AVX512-BF16 without AMX: `float32_outruns_bfloat16`): there the weight
-  and rows are widened to float32 at each call and multiplied by torch's float32 matmul, 1.4-1.6x
-  oneDNN's bfloat16 at 512-4096 rows on a 2-core Emerald Rapids (BENCHMARKS.md, "Emerald Rapids");
+- bfloat16 where oneDNN computes in bfloat16 (AVX512-BF16, AMX, AVX-NE-CONVERT): oneDNN (but
+  where `float32_outruns_bfloat16`, a bf16 model's vision tower is loaded in float32, so its
+  layers take the float32 choices);
 - bfloat16 elsewhere (AVX2 + FMA): csrc's `packed_linear`, bfloat16 panels accumulated in
   float32, half the bytes of a float32 weight where a step is memory-bound;
 - anything else: the plain weight and `F.linear`, the reference.
@@ -82,23 +80,6 @@ class OneDnnLinear(LinearMethod):
         return self.out_features * self.in_features * self.dtype.itemsize
 
 
-class UpcastLinear(LinearMethod):
-    """A bfloat16 weight multiplied in float32: weight, rows and bias widened at each call (the
-    model keeps one bfloat16 copy), the result rounded to bfloat16."""
-
-    def __init__(self, weight: torch.Tensor) -> None:
-        super().__init__(weight)
-        self.weight = weight
-
-    def __call__(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-        wide_bias = None if bias is None else bias.float()
-        return F.linear(x.float(), self.weight.float(), wide_bias).to(self.dtype)
-
-    @property
-    def weight_bytes(self) -> int:
-        return self.weight.numel() * self.weight.element_size()
-
-
 class PanelLinear(LinearMethod):
     """csrc's `packed_linear` over 16-column panels of the weight in its own dtype, float32 or
     bfloat16 (mmserve.ops.cpu)."""
@@ -135,10 +116,11 @@ def onednn_supports(dtype: torch.dtype) -> bool:
 
 @cache
 def float32_outruns_bfloat16() -> bool:
-    """Whether compute-bound bfloat16 work runs faster widened to float32 on this CPU: AVX512-BF16
-    without AMX, where vdpbf16ps retires one per two cycles (16 multiply-adds a cycle per core)
-    against 1.7 float32 FMAs (27), measured on a 2-core Emerald Rapids. Memory-bound work (a
-    decode step's matmuls) still reads half the bytes in bfloat16. MMSERVE_CPU_WIDEN_BF16=never
+    """Whether compute-bound bfloat16 work runs faster in float32 on this CPU: AVX512-BF16 without
+    AMX, where vdpbf16ps retires one per two cycles (16 multiply-adds a cycle per core) against
+    1.7 float32 FMAs (27), measured on a 2-core Emerald Rapids: oneDNN's float32 matmul is
+    1.4-1.6x its bfloat16 one at 512-4096 rows, SDPA 1.2-1.5x from 512 rows. Memory-bound work
+    (a decode step's matmuls) still reads half the bytes in bfloat16. MMSERVE_CPU_WIDEN_BF16=never
     turns it off."""
     from mmserve import envs
     from mmserve.ops._extension import cpu_flags
@@ -153,8 +135,6 @@ def pack_cpu_linear(weight: torch.Tensor, small_rows: bool = True) -> LinearMeth
     the weight, so the caller may drop the plain one."""
     if weight.dtype == torch.float32 and small_rows:
         return PanelLinear(weight)
-    if weight.dtype == torch.bfloat16 and not small_rows and float32_outruns_bfloat16():
-        return UpcastLinear(weight)
     if weight.dtype in (torch.float32, torch.bfloat16) and onednn_supports(weight.dtype):
         return OneDnnLinear(weight)
     if weight.dtype == torch.bfloat16:

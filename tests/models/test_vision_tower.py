@@ -52,3 +52,24 @@ def test_several_images_in_one_call_equal_one_at_a_time(towers):
         single = processor(images=[image], return_tensors="pt")
         [alone] = ours.encode_images(single["pixel_values"], [tuple(single["image_grid_thw"][0].tolist())])
         torch.testing.assert_close(emb, alone, rtol=1e-5, atol=1e-5)
+
+
+@torch.inference_mode()
+def test_bf16_tower_computes_in_float32_where_that_is_faster(model_dir):
+    """load_model: where float32 outruns bfloat16 (AVX512-BF16 without AMX) a bf16 model's tower
+    is float32; either way its embeddings come out in bfloat16, within bf16 resolution of the
+    float32 tower's."""
+    from mmserve.ops.linear import float32_outruns_bfloat16
+
+    backend = get_attention_backend("cpu", torch.device("cpu"))
+    bf16 = load_model(ModelConfig.from_pretrained(model_dir, dtype="bfloat16"), backend, torch.device("cpu"))
+    fp32 = load_model(ModelConfig.from_pretrained(model_dir, dtype="float32"), backend, torch.device("cpu"))
+    tower_dtypes = {p.dtype for p in bf16.visual.parameters()}  # norms: linears hold their weights
+    assert tower_dtypes == {torch.float32 if float32_outruns_bfloat16() else torch.bfloat16}
+    processor = Qwen2VLImageProcessorPil.from_pretrained(model_dir)
+    inputs = processor(images=[synthetic_image(640, 480, seed=3)], return_tensors="pt")
+    grid = [tuple(g) for g in inputs["image_grid_thw"].tolist()]
+    [got] = bf16.encode_images(inputs["pixel_values"], grid)
+    [want] = fp32.encode_images(inputs["pixel_values"], grid)
+    assert got.dtype == torch.bfloat16
+    assert ((got.float() - want).abs().max() / want.abs().max()).item() < 2**-5

@@ -127,24 +127,6 @@ def test_pack_cpu_linear_chooses_by_dtype_and_row_counts():
     assert isinstance(fp32_decode, linear.PanelLinear) and fp32_decode.packed.dtype == torch.float32
     assert isinstance(fp32_large, linear.OneDnnLinear if onednn_fp32 else linear.PlainLinear)
     assert isinstance(bf16, linear.OneDnnLinear if onednn_bf16 else linear.PanelLinear)
-    bf16_large = linear.pack_cpu_linear(torch.randn(8, 8).bfloat16(), small_rows=False)
-    if linear.float32_outruns_bfloat16():
-        assert isinstance(bf16_large, linear.UpcastLinear)
-    else:
-        assert isinstance(bf16_large, linear.OneDnnLinear if onednn_bf16 else linear.PanelLinear)
-
-
-@pytest.mark.parametrize("rows", [1, 7, 300])
-def test_upcast_method_is_the_float32_product_rounded_once(rows):
-    """bfloat16 weight and rows multiplied in float32, one rounding at the end: within half a
-    bfloat16 step of the exact product, and one step of the bfloat16 reference."""
-    weight, bias = torch.randn(40, 96).bfloat16(), torch.randn(40).bfloat16()
-    x = strided_rows(rows, 96, torch.bfloat16, seed=rows)
-    got = linear.UpcastLinear(weight)(x, bias)
-    exact = F.linear(x.double(), weight.double(), bias.double())
-    assert got.dtype == torch.bfloat16 and got.shape == (rows, 40)
-    torch.testing.assert_close(got.double(), exact, rtol=2**-8, atol=1e-6)
-    torch.testing.assert_close(got, F.linear(x, weight, bias), rtol=2**-7, atol=2**-7)
 
 
 def test_widening_bf16_can_be_turned_off(monkeypatch):

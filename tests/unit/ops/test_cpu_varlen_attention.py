@@ -47,19 +47,3 @@ def test_segments_past_the_rows_are_rejected():
     q = torch.randn(10, 2, 32)
     with pytest.raises(RuntimeError, match="cu_seqlens"):
         cpu.varlen_attention(q, q, q, [0, 5, 11], 1.0)
-
-
-def test_the_cpu_kernel_set_widens_long_bf16_segments_where_float32_is_faster():
-    """Routing (mmserve.ops.kernels): a 600-row bfloat16 image goes to SDPA in float32 where
-    float32 outruns bfloat16 (AVX512-BF16 without AMX), and either way matches the reference."""
-    from mmserve.ops.kernels import cpu_kernels
-    from mmserve.ops.linear import float32_outruns_bfloat16
-
-    q, k, v = torch.randn(600, 3, 2, 64).bfloat16().unbind(1)
-    got = cpu_kernels().varlen_attention(q, k, v, [0, 600], 0.125)
-    if float32_outruns_bfloat16():
-        widened = torch_varlen_attention(q.float(), k.float(), v.float(), [0, 600], 0.125).bfloat16()
-        assert torch.equal(got, widened)
-    else:  # 600 rows are past every build's C++ segment limit
-        assert torch.equal(got, torch_varlen_attention(q, k, v, [0, 600], 0.125))
-    torch.testing.assert_close(got, reference.varlen_attention(q, k, v, [0, 600], 0.125), **BF16_TOLERANCE)
