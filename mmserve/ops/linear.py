@@ -119,7 +119,8 @@ def float32_outruns_bfloat16() -> bool:
     """Whether compute-bound bfloat16 work runs faster in float32 on this CPU: AVX512-BF16 without
     AMX, where vdpbf16ps retires one per two cycles (16 multiply-adds a cycle per core) against
     1.7 float32 FMAs (27), measured on a 2-core Emerald Rapids: oneDNN's float32 matmul is
-    1.4-1.6x its bfloat16 one at 512-4096 rows, SDPA 1.2-1.5x from 512 rows. Memory-bound work
+    1.6-1.7x its bfloat16 one at 512-4096 rows (benchmarks/linear_cpu.py), SDPA 1.2-1.5x from 512
+    rows (benchmarks/vision_attention_cpu.py). Memory-bound work
     (a decode step's matmuls) still reads half the bytes in bfloat16. MMSERVE_CPU_WIDEN_BF16=never
     turns it off."""
     from mmserve import envs
