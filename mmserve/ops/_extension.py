@@ -52,13 +52,24 @@ class BuildTarget:
     cpu_flags: str  # the "flags" line of /proc/cpuinfo, part of the cache key
 
 
-def cpu_flags() -> str:
-    """The CPU's feature flags as /proc/cpuinfo lists them ('' where there is no such file)."""
+def cpu_info(field: str) -> str:
+    """The first value of one /proc/cpuinfo field ('' where there is no such file or field)."""
     with contextlib.suppress(OSError):
         for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("flags"):
-                return line.split(":", 1)[1].strip()
+            name, _, value = line.partition(":")
+            if name.strip() == field:
+                return value.strip()
     return ""
+
+
+def cpu_flags() -> str:
+    """The CPU's feature flags as /proc/cpuinfo lists them."""
+    return cpu_info("flags")
+
+
+def cpu_vendor() -> str:
+    """The CPU's vendor id as /proc/cpuinfo gives it: GenuineIntel, AuthenticAMD, ..."""
+    return cpu_info("vendor_id")
 
 
 def build_target() -> BuildTarget:

@@ -116,18 +116,21 @@ def onednn_supports(dtype: torch.dtype) -> bool:
 
 @cache
 def float32_outruns_bfloat16() -> bool:
-    """Whether compute-bound bfloat16 work runs faster in float32 on this CPU: AVX512-BF16 without
-    AMX, where vdpbf16ps retires one per two cycles (16 multiply-adds a cycle per core) against
-    1.7 float32 FMAs (27), measured on a 2-core Emerald Rapids: oneDNN's float32 matmul is
-    1.6-1.7x its bfloat16 one at 512-4096 rows (benchmarks/linear_cpu.py), SDPA 1.2-1.5x from 512
-    rows (benchmarks/vision_attention_cpu.py). Memory-bound work
-    (a decode step's matmuls) still reads half the bytes in bfloat16. MMSERVE_CPU_WIDEN_BF16=never
-    turns it off."""
+    """Whether compute-bound bfloat16 work runs faster in float32 on this CPU: an Intel CPU with
+    AVX512-BF16 and no AMX, where vdpbf16ps retires one per two cycles (16 multiply-adds a cycle
+    per core) against 1.7 float32 FMAs (27), measured on a 2-core Emerald Rapids: oneDNN's
+    float32 matmul is 1.6-1.7x its bfloat16 one at 512-4096 rows (benchmarks/linear_cpu.py), SDPA
+    1.2-1.5x from 512 rows (benchmarks/vision_attention_cpu.py). Not on AMD's Zen 4, whose
+    AVX512-BF16 is twice its float32 rate: oneDNN bf16 361-381 GFLOP/s against float32 184-196
+    at 512-4096 rows on a 2-core EPYC (same command). Memory-bound work (a decode step's
+    matmuls) reads half the bytes in bfloat16 everywhere. MMSERVE_CPU_WIDEN_BF16=never turns it
+    off."""
     from mmserve import envs
-    from mmserve.ops._extension import cpu_flags
+    from mmserve.ops._extension import cpu_flags, cpu_vendor
 
     flags = cpu_flags().split()
-    return envs.cpu_widen_bf16() == "auto" and "avx512_bf16" in flags and "amx_bf16" not in flags
+    slow_dot = cpu_vendor() == "GenuineIntel" and "avx512_bf16" in flags and "amx_bf16" not in flags
+    return envs.cpu_widen_bf16() == "auto" and slow_dot
 
 
 def pack_cpu_linear(weight: torch.Tensor, small_rows: bool = True) -> LinearMethod:

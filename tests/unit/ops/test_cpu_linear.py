@@ -129,6 +129,24 @@ def test_pack_cpu_linear_chooses_by_dtype_and_row_counts():
     assert isinstance(bf16, linear.OneDnnLinear if onednn_bf16 else linear.PanelLinear)
 
 
+@pytest.mark.parametrize(
+    ("vendor", "flags", "widens"),
+    [
+        ("GenuineIntel", "avx2 avx512f avx512_bf16", True),  # Cooper Lake, Emerald Rapids without AMX
+        ("GenuineIntel", "avx2 avx512f avx512_bf16 amx_bf16", False),  # AMX: bf16 is the fast path
+        ("AuthenticAMD", "avx2 avx512f avx512_bf16", False),  # Zen 4: bf16 dot at twice float32
+        ("AuthenticAMD", "avx2 fma", False),  # no bf16 hardware: the towers stay as loaded
+    ],
+)
+def test_float32_tower_only_where_bf16_dot_products_are_slow(monkeypatch, vendor, flags, widens):
+    from mmserve.ops import _extension
+
+    monkeypatch.setenv("MMSERVE_CPU_WIDEN_BF16", "auto")
+    monkeypatch.setattr(_extension, "cpu_vendor", lambda: vendor)
+    monkeypatch.setattr(_extension, "cpu_flags", lambda: flags)
+    assert linear.float32_outruns_bfloat16.__wrapped__() is widens
+
+
 def test_widening_bf16_can_be_turned_off(monkeypatch):
     monkeypatch.setenv("MMSERVE_CPU_WIDEN_BF16", "never")
     assert linear.float32_outruns_bfloat16.__wrapped__() is False
