@@ -102,6 +102,8 @@ void fused_add_rms_norm(const FusedAddRmsNormArgs& args);
 void silu_and_mul(const SiluAndMulArgs& args);
 void mrope(const MropeArgs& args);
 void pack_weight(const PackWeightArgs& args);
+// Whether bfloat16 weights are packed in K pairs for vdpbf16ps (linear.cpp; AVX512-BF16 builds).
+bool bf16_pair_panels();
 void packed_linear(const PackedLinearArgs& args);
 
 }  // namespace mmserve

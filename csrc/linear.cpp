@@ -1,5 +1,4 @@
-// Linear layers over weights packed into column panels, float32 or bfloat16 (for CPUs without
-// bfloat16 instructions: AVX2 + FMA).
+// Linear layers over weights packed into column panels, float32 or bfloat16.
 //
 // The weight [N, K] is packed once, after loading, into panels of 16 output columns:
 // packed[p][k][·] holds W[16p .. 16p + 15][k] (zero past N). float32 panels hold the 16 columns
@@ -12,6 +11,13 @@
 // float32 ones), so the weight is prefetched a fixed distance ahead of the row being read (but
 // for one float32 row, which streams faster with the hardware prefetcher alone).
 //
+// On CPUs with AVX512-BF16 (built with MMSERVE_BF16_DOT) bfloat16 panels instead hold pairs of
+// K: the 64 bytes at k (even) are W[16p + c][k], W[16p + c][k + 1] for c = 0..15, one zmm word per
+// column, which is what vdpbf16ps multiplies by a broadcast pair of bfloat16 inputs: 32
+// multiply-adds per instruction with no conversion, so a bfloat16 linear is bound by the memory
+// at a few rows and by vdpbf16ps above (float32 inputs over such panels widen each pair with one
+// shift and one mask). An odd K's last row is kept as 16 plain columns at (K - 1) · 16.
+//
 // Work is split over (row chunk, panel) with panels fastest: a chunk of rows stays in L2 while
 // the weight streams past it; within a task K is blocked so the panel's block stays in L1.
 // Above 6 rows a block is read by several tiles, of which only the first would stream it from
@@ -21,6 +27,7 @@
 #include <ATen/Parallel.h>
 
 #include <algorithm>
+#include <cstring>
 #include <type_traits>
 #include <vector>
 
@@ -29,6 +36,9 @@
 #if defined(CPU_CAPABILITY_AVX2) || defined(CPU_CAPABILITY_AVX512)
 #include <immintrin.h>
 #define MMSERVE_LINEAR_AVX2 1
+#endif
+#if defined(CPU_CAPABILITY_AVX512) && defined(MMSERVE_BF16_DOT)
+#define MMSERVE_LINEAR_BF16_DOT 1
 #endif
 
 namespace mmserve {
@@ -45,12 +55,19 @@ constexpr int64_t kPrefetchBytes = 4096;  // ahead of the panel row being read (
 constexpr int64_t kLine = 64;             // bytes per cache line
 constexpr int64_t kDepth = 256;  // K per block: 256 × 16 float32 = 16 KiB of panel (L1: 32 KiB)
 
-// Where column c (0..15) of a panel lives among its 16 slots: in order for float32, interleaved
-// for bfloat16.
+// Where W[16p + c][k] lives in its panel (c = 0..15): row k of 16 columns, in order for float32,
+// interleaved for bfloat16 (column c and c + 8 share a 32-bit word); or, for bfloat16 panels of
+// K pairs, word c of the pair's 64 bytes.
 template <typename p_t>
-inline int64_t slot_of_column(int64_t c) {
-  if constexpr (std::is_same_v<p_t, float>) return c;
-  return c < 8 ? 2 * c : 2 * (c - 8) + 1;
+inline int64_t panel_offset(int64_t k, int64_t c, int64_t k_size) {
+  if constexpr (std::is_same_v<p_t, float>) return k * kPanel + c;
+#ifdef MMSERVE_LINEAR_BF16_DOT
+  if (k + 1 < k_size || k_size % 2 == 0) return (k & ~int64_t{1}) * kPanel + 2 * c + (k & 1);
+  return k * kPanel + c;  // an odd K's last row
+#else
+  (void)k_size;
+  return k * kPanel + (c < 8 ? 2 * c : 2 * (c - 8) + 1);
+#endif
 }
 
 template <typename w_t, typename p_t>
@@ -62,9 +79,8 @@ void pack_panels(const PackWeightArgs& args, int64_t begin, int64_t end) {
     p_t* panel = packed + p * k_size * kPanel;
     for (int64_t c = 0; c < kPanel; ++c) {
       const int64_t n = p * kPanel + c;
-      const int64_t slot = slot_of_column<p_t>(c);
       for (int64_t k = 0; k < k_size; ++k)
-        panel[k * kPanel + slot] =
+        panel[panel_offset<p_t>(k, c, k_size)] =
             static_cast<p_t>(n < args.out_features ? static_cast<float>(weight[n * args.row_stride + k]) : 0.f);
     }
   }
@@ -164,7 +180,7 @@ void tile(const float* x, int64_t x_stride, const p_t* panel, int64_t k_size, fl
   if (!accumulate) std::fill(acc, acc + R * kPanel, 0.f);
   for (int64_t k = 0; k < k_size; ++k)
     for (int64_t c = 0; c < kPanel; ++c) {
-      const float w = static_cast<float>(panel[k * kPanel + slot_of_column<p_t>(c)]);
+      const float w = static_cast<float>(panel[panel_offset<p_t>(k, c, k_size)]);
       for (int r = 0; r < R; ++r) acc[r * kPanel + c] += x[r * x_stride + k] * w;
     }
 }
@@ -280,7 +296,187 @@ void linear_tasks(const PackedLinearArgs& args, const float* x, int64_t x_stride
   });
 }
 
+#ifdef MMSERVE_LINEAR_BF16_DOT
+constexpr int kMaxPairTileRows = 12;  // 12 accumulators (24 for float32 rows) of AVX-512's 32 registers
+
+// Rows of the next pair tile: the remaining rows in equal tiles of at most kMaxPairTileRows.
+int pair_tile_rows(int64_t remaining) {
+  const int64_t tiles = (remaining + kMaxPairTileRows - 1) / kMaxPairTileRows;
+  return static_cast<int>((remaining + tiles - 1) / tiles);
+}
+
+inline int32_t load_pair(const BFloat16* x) {
+  int32_t pair;
+  std::memcpy(&pair, x, sizeof(pair));
+  return pair;
+}
+
+// An odd K's last panel row (16 plain bfloat16 columns) as float32.
+inline __m512 plain_row(const BFloat16* row) {
+  const __m256i bits = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16));
+}
+
+// Keeps the weight's stream ahead of the pairs being read: one line per 64 bytes of panel.
+inline void prefetch_panel(const BFloat16* at) {
+  _mm_prefetch(reinterpret_cast<const char*>(at) + kPrefetchBytes, _MM_HINT_T0);
+}
+
+// acc[r][0..15] (+)= Σ_k x[r][k] · panel column over `depth` rows of K, bfloat16 rows: one
+// vdpbf16ps per K pair and row; U independent accumulators per row where R is small (the
+// instruction's latency would bound one chain).
+template <int R, int U>
+void pair_tile(const BFloat16* x, int64_t x_stride, const BFloat16* panel, int64_t depth, float* acc,
+               bool accumulate) {
+  __m512 sum[U][R];
+  for (int u = 0; u < U; ++u)
+    for (int r = 0; r < R; ++r) sum[u][r] = _mm512_setzero_ps();
+  if (accumulate)
+    for (int r = 0; r < R; ++r) sum[0][r] = _mm512_loadu_ps(acc + r * kPanel);
+  const int64_t pairs_end = depth & ~int64_t{1};
+  int64_t k = 0;
+  for (; k + 2 * U <= pairs_end; k += 2 * U) {
+#pragma GCC unroll 4
+    for (int u = 0; u < U; ++u) {
+      const BFloat16* row = panel + (k + 2 * u) * kPanel;
+      prefetch_panel(row);
+      const __m512bh w = (__m512bh)_mm512_loadu_si512(row);
+#pragma GCC unroll 12
+      for (int r = 0; r < R; ++r)
+        sum[u][r] = _mm512_dpbf16_ps(sum[u][r], (__m512bh)_mm512_set1_epi32(load_pair(x + r * x_stride + k + 2 * u)), w);
+    }
+  }
+  for (; k < pairs_end; k += 2) {
+    const __m512bh w = (__m512bh)_mm512_loadu_si512(panel + k * kPanel);
+#pragma GCC unroll 12
+    for (int r = 0; r < R; ++r)
+      sum[0][r] = _mm512_dpbf16_ps(sum[0][r], (__m512bh)_mm512_set1_epi32(load_pair(x + r * x_stride + k)), w);
+  }
+  if (k < depth) {  // an odd K's last row
+    const __m512 w = plain_row(panel + k * kPanel);
+#pragma GCC unroll 12
+    for (int r = 0; r < R; ++r)
+      sum[0][r] = _mm512_fmadd_ps(_mm512_set1_ps(static_cast<float>(x[r * x_stride + k])), w, sum[0][r]);
+  }
+#pragma GCC unroll 12
+  for (int r = 0; r < R; ++r) {
+    __m512 total = sum[0][r];
+#pragma GCC unroll 4
+    for (int u = 1; u < U; ++u) total = _mm512_add_ps(total, sum[u][r]);
+    _mm512_storeu_ps(acc + r * kPanel, total);
+  }
+}
+
+// The same over float32 rows (a float32 activation through a weight packed as bfloat16): each
+// pair widened to float32 (even K in the low halves, odd in the high), two FMAs per row.
+template <int R, int U>
+void pair_tile(const float* x, int64_t x_stride, const BFloat16* panel, int64_t depth, float* acc,
+               bool accumulate) {
+  static_assert(U == 1 || U == 2, "float32 rows use even/odd accumulators only");
+  __m512 even[R], odd[R];
+  for (int r = 0; r < R; ++r) even[r] = odd[r] = _mm512_setzero_ps();
+  if (accumulate)
+    for (int r = 0; r < R; ++r) even[r] = _mm512_loadu_ps(acc + r * kPanel);
+  const __m512i high_half = _mm512_set1_epi32(static_cast<int32_t>(0xFFFF0000u));
+  const int64_t pairs_end = depth & ~int64_t{1};
+  int64_t k = 0;
+  for (; k < pairs_end; k += 2) {
+    const BFloat16* row = panel + k * kPanel;
+    prefetch_panel(row);
+    const __m512i bits = _mm512_loadu_si512(row);
+    const __m512 w_even = _mm512_castsi512_ps(_mm512_slli_epi32(bits, 16));
+    const __m512 w_odd = _mm512_castsi512_ps(_mm512_and_si512(bits, high_half));
+#pragma GCC unroll 12
+    for (int r = 0; r < R; ++r) {
+      even[r] = _mm512_fmadd_ps(_mm512_set1_ps(x[r * x_stride + k]), w_even, even[r]);
+      odd[r] = _mm512_fmadd_ps(_mm512_set1_ps(x[r * x_stride + k + 1]), w_odd, odd[r]);
+    }
+  }
+  if (k < depth) {
+    const __m512 w = plain_row(panel + k * kPanel);
+#pragma GCC unroll 12
+    for (int r = 0; r < R; ++r) even[r] = _mm512_fmadd_ps(_mm512_set1_ps(x[r * x_stride + k]), w, even[r]);
+  }
+#pragma GCC unroll 12
+  for (int r = 0; r < R; ++r) _mm512_storeu_ps(acc + r * kPanel, _mm512_add_ps(even[r], odd[r]));
+}
+
+template <typename x_t>
+void run_pair_tile(int rows, const x_t* x, int64_t x_stride, const BFloat16* panel, int64_t depth, float* acc,
+                   bool accumulate) {
+  constexpr bool kBf16 = std::is_same_v<x_t, BFloat16>;
+  switch (rows) {
+    case 1: return pair_tile<1, kBf16 ? 4 : 1>(x, x_stride, panel, depth, acc, accumulate);
+    case 2: return pair_tile<2, kBf16 ? 2 : 1>(x, x_stride, panel, depth, acc, accumulate);
+    case 3: return pair_tile<3, kBf16 ? 2 : 1>(x, x_stride, panel, depth, acc, accumulate);
+    case 4: return pair_tile<4, 1>(x, x_stride, panel, depth, acc, accumulate);
+    case 5: return pair_tile<5, 1>(x, x_stride, panel, depth, acc, accumulate);
+    case 6: return pair_tile<6, 1>(x, x_stride, panel, depth, acc, accumulate);
+    case 7: return pair_tile<7, 1>(x, x_stride, panel, depth, acc, accumulate);
+    case 8: return pair_tile<8, 1>(x, x_stride, panel, depth, acc, accumulate);
+    case 9: return pair_tile<9, 1>(x, x_stride, panel, depth, acc, accumulate);
+    case 10: return pair_tile<10, 1>(x, x_stride, panel, depth, acc, accumulate);
+    case 11: return pair_tile<11, 1>(x, x_stride, panel, depth, acc, accumulate);
+    default: return pair_tile<12, 1>(x, x_stride, panel, depth, acc, accumulate);
+  }
+}
+
+// One task of a linear over K-pair panels: rows [first, last) × one panel, K in blocks of kDepth
+// (even, so every block but an odd K's last starts on a pair).
+template <typename x_t, typename out_t, typename bias_t>
+void chunk_times_pair_panel(const PackedLinearArgs& args, const x_t* x, int64_t x_stride, const BFloat16* panel,
+                            int64_t first, int64_t last, int64_t column) {
+  float acc[kChunkRows * kPanel];
+  const int64_t k_size = args.in_features;
+  for (int64_t k0 = 0; k0 < k_size; k0 += kDepth) {
+    const int64_t depth = std::min(kDepth, k_size - k0);
+    for (int64_t row = first; row < last;) {
+      const int rows = pair_tile_rows(last - row);
+      run_pair_tile(rows, x + row * x_stride + k0, x_stride, panel + k0 * kPanel, depth, acc + (row - first) * kPanel,
+                    k0 > 0);
+      row += rows;
+    }
+  }
+  for (int64_t row = first; row < last;) {
+    const int rows = pair_tile_rows(last - row);
+    store_tile<out_t, bias_t>(args, acc + (row - first) * kPanel, row, rows, column);
+    row += rows;
+  }
+}
+
+// packed_linear over bfloat16 K-pair panels, for bfloat16 or float32 rows as they come.
+void pair_panel_linear(const PackedLinearArgs& args) {
+  const int64_t panels = (args.out_features + kPanel - 1) / kPanel;
+  const int64_t chunks = (args.num_rows + kChunkRows - 1) / kChunkRows;
+  const BFloat16* packed = static_cast<const BFloat16*>(args.weight);
+  dispatch_dtype(args.x.dtype, [&](auto x_type) {
+    using x_t = decltype(x_type);
+    const x_t* x = static_cast<const x_t*>(args.x.data);
+    dispatch_dtype(args.out.dtype, [&](auto out) {
+      dispatch_dtype(args.bias_dtype, [&](auto bias) {
+        at::parallel_for(0, chunks * panels, 1, [&](int64_t begin, int64_t end) {
+          for (int64_t task = begin; task < end; ++task) {
+            const int64_t chunk = task / panels, p = task % panels;
+            const int64_t first = chunk * kChunkRows, last = std::min(args.num_rows, first + kChunkRows);
+            chunk_times_pair_panel<x_t, decltype(out), decltype(bias)>(
+                args, x, args.x.token_stride, packed + p * args.in_features * kPanel, first, last, p * kPanel);
+          }
+        });
+      });
+    });
+  });
+}
+#endif
+
 }  // namespace
+
+bool bf16_pair_panels() {
+#ifdef MMSERVE_LINEAR_BF16_DOT
+  return true;
+#else
+  return false;
+#endif
+}
 
 void pack_weight(const PackWeightArgs& args) {
   const int64_t panels = (args.out_features + kPanel - 1) / kPanel;
@@ -292,6 +488,9 @@ void pack_weight(const PackWeightArgs& args) {
 }
 
 void packed_linear(const PackedLinearArgs& args) {
+#ifdef MMSERVE_LINEAR_BF16_DOT
+  if (args.weight_dtype == Dtype::kBFloat16) return pair_panel_linear(args);
+#endif
   std::vector<float> buffer;
   int64_t x_stride = 0;
   const float* x = rows_as_float(args, buffer, x_stride);

@@ -80,8 +80,11 @@ def build_target() -> BuildTarget:
     macros = [f"-DCPU_CAPABILITY={capability}"]
     if capability != "DEFAULT":
         macros.append(f"-DCPU_CAPABILITY_{capability}")
+    flags = cpu_flags()
+    if capability == "AVX512" and "avx512_bf16" in flags.split():
+        macros += ["-DMMSERVE_BF16_DOT", "-mavx512bf16"]  # csrc/linear.cpp's K-pair bf16 panels
     cflags = ("-O3", "-fopenmp", *macros, *_FLAGS_BY_CAPABILITY[capability])
-    return BuildTarget(capability, cflags, cpu_flags())
+    return BuildTarget(capability, cflags, flags)
 
 
 def sources() -> list[Path]:
