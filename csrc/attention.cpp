@@ -81,6 +81,7 @@ void paged_attention(const PagedAttentionArgs& args) {
 }
 
 void varlen_attention(const VarlenAttentionArgs& args) {
+  if (varlen_attention_dot(args)) return;
   const attention::Plan plan =
       attention::make_plan(args.sequences, static_cast<int>(args.num_heads), 1, at::get_num_threads(), false);
   const attention::Problem problem{&args.sequences, 1, static_cast<int>(args.head_dim), args.scale};

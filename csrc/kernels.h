@@ -96,14 +96,18 @@ struct PackedLinearArgs {
 
 void paged_attention(const PagedAttentionArgs& args);
 void varlen_attention(const VarlenAttentionArgs& args);
+// varlen_attention on vdpbf16ps (varlen_attention_dot.cpp): false, having done nothing, unless this is an
+// AVX512-BF16 build and the rows are bfloat16 with an even head_dim of at most 256.
+bool varlen_attention_dot(const VarlenAttentionArgs& args);
 void write_kv(const WriteKvArgs& args);
 void rms_norm(const RmsNormArgs& args);
 void fused_add_rms_norm(const FusedAddRmsNormArgs& args);
 void silu_and_mul(const SiluAndMulArgs& args);
 void mrope(const MropeArgs& args);
 void pack_weight(const PackWeightArgs& args);
-// Whether bfloat16 weights are packed in K pairs for vdpbf16ps (linear.cpp; AVX512-BF16 builds).
-bool bf16_pair_panels();
+// Whether this is an AVX512-BF16 build (MMSERVE_BF16_DOT): bfloat16 weights packed in K pairs for
+// vdpbf16ps (linear.cpp), bfloat16 varlen attention on it (varlen_attention_dot.cpp).
+bool bf16_dot_products();
 void packed_linear(const PackedLinearArgs& args);
 
 }  // namespace mmserve

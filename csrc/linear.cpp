@@ -470,7 +470,7 @@ void pair_panel_linear(const PackedLinearArgs& args) {
 
 }  // namespace
 
-bool bf16_pair_panels() {
+bool bf16_dot_products() {
 #ifdef MMSERVE_LINEAR_BF16_DOT
   return true;
 #else

@@ -17,7 +17,7 @@ from mmserve.ops.huge_pages import empty_on_huge_pages
 
 __all__ = [
     "KernelBuildError",
-    "bf16_pair_panels",
+    "bf16_dot_products",
     "bind_threads",
     "decoder_layer",
     "fused_add_rms_norm",
@@ -131,11 +131,12 @@ def mrope(
 PANEL_COLUMNS = 16  # output columns per panel of a packed weight (csrc/linear.cpp)
 
 
-def bf16_pair_panels() -> bool:
-    """Whether this build packs bfloat16 weights in K pairs for AVX512-BF16's vdpbf16ps (csrc/
-    linear.cpp): then a bfloat16 linear multiplies in bfloat16 at every row count; else it widens
-    each weight to float32 in registers (AVX2 + FMA)."""
-    return ops().bf16_pair_panels.default()
+def bf16_dot_products() -> bool:
+    """Whether this build multiplies bfloat16 with AVX512-BF16's vdpbf16ps: then bfloat16
+    weights are packed in K pairs (csrc/linear.cpp) and bfloat16 `varlen_attention` with an even
+    head_dim up to 256 runs on it (csrc/varlen_attention_dot.cpp); else a bfloat16 linear widens
+    each weight to float32 in registers (AVX2 + FMA) and varlen attention runs on the tile engine."""
+    return ops().bf16_dot_products.default()
 
 
 def pack_weight(weight: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:

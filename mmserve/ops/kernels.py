@@ -19,7 +19,7 @@ from itertools import pairwise
 import torch
 
 from mmserve.ops import reference
-from mmserve.ops.linear import LinearMethod, float32_outruns_bfloat16, pack_cpu_linear
+from mmserve.ops.linear import LinearMethod, bf16_dot_products_lead, float32_outruns_bfloat16, pack_cpu_linear
 from mmserve.ops.sdpa import varlen_attention_sdpa
 
 
@@ -56,7 +56,12 @@ TORCH_KERNELS = Kernels(
 # torch's flash kernel on oneDNN's brgemm): SDPA at every length measured, 16-4096 rows, head
 # dims 16 and 64: 2-5x in bfloat16, 1.0-2.8x in float32 (BENCHMARKS.md, "Prompt attention
 # through torch's flash kernel").
+# Where `linear.bf16_dot_products_lead` (AVX512-BF16, no AMX), bfloat16 segments of an even
+# head_dim up to 256 go to the kernel's vdpbf16ps path (csrc/varlen_attention_dot.cpp) at every
+# length: on a 2-core Zen 4, 1.5-2.3x SDPA's speed on whole images and 2 x 512 / 4 x 256
+# patches, 1.1x on 64-patch windows (benchmarks/vision_attention_cpu.py).
 _CPU_VARLEN_MAX_SEGMENT = {"AVX2": 256, "AVX512": 0}
+_DOT_VARLEN_MAX_HEAD_DIM = 256
 
 
 @cache
@@ -68,8 +73,17 @@ def cpu_kernels() -> Kernels:
     cpu.ops()  # build or load now, so a failure surfaces here and not in the first step
 
     max_segment = _CPU_VARLEN_MAX_SEGMENT.get(build_target().capability, 0)
+    dot_products = bf16_dot_products_lead()
 
     def varlen_attention(query, key, value, cu_seqlens: list[int], scale: float) -> torch.Tensor:
+        head_dim = query.shape[-1]
+        if (
+            dot_products
+            and query.dtype == torch.bfloat16
+            and head_dim % 2 == 0
+            and head_dim <= _DOT_VARLEN_MAX_HEAD_DIM
+        ):
+            return cpu.varlen_attention(query, key, value, cu_seqlens, scale)
         longest = max((end - start for start, end in pairwise(cu_seqlens)), default=0)
         if longest > max_segment:
             return varlen_attention_sdpa(query, key, value, cu_seqlens, scale)

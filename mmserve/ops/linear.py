@@ -13,7 +13,7 @@ AMD EPYC (BENCHMARKS.md, "CPU linear layers", has the earlier figures):
   uses oneDNN): faster than MKL's sgemm at every M, and than the panels at K=2560 N=640 (the
   vision MLP's down projection: 0.77× for the panels at M=512);
 - bfloat16, small rows, on AVX512-BF16 without AMX: csrc's `packed_linear` over K-pair panels
-  multiplied by vdpbf16ps (`bf16_pair_panels_lead`);
+  multiplied by vdpbf16ps (`bf16_dot_products_lead`);
 - bfloat16 where oneDNN computes in bfloat16 (AVX512-BF16, AMX, AVX-NE-CONVERT) otherwise:
   oneDNN (but where `float32_outruns_bfloat16`, a bf16 model's vision tower is loaded in
   float32, so its layers take the float32 choices);
@@ -136,18 +136,19 @@ def float32_outruns_bfloat16() -> bool:
 
 
 @cache
-def bf16_pair_panels_lead() -> bool:
-    """Whether a bfloat16 layer that also runs at a few rows is fastest over csrc's K-pair panels:
-    where the build multiplies them with vdpbf16ps (AVX512-BF16) and oneDNN has no AMX. On a
-    2-core Zen 4 (`python -m benchmarks.linear_cpu --shape 768 4096 --rows 1 8 256 1024`, and
-    640 1728, 128 704, 352 128) the panels take 0.39-0.74x oneDNN's time at 1-8 rows and
-    0.97-1.20x at 256-4096 rows: decode is memory-bound (and small calls pay oneDNN's overhead),
-    prefill a few percent slower; one copy of the weight either way. With AMX, oneDNN's prefill
-    is several times faster: it stays."""
+def bf16_dot_products_lead() -> bool:
+    """Whether bfloat16 work is fastest in csrc's own vdpbf16ps kernels: where the build has them
+    (AVX512-BF16) and oneDNN has no AMX. Then a bfloat16 layer that also runs at a few rows uses
+    K-pair panels: on a 2-core Zen 4 (`python -m benchmarks.linear_cpu --shape 768 4096 --rows
+    1 8 256 1024`, and 640 1728, 128 704, 352 128) they take 0.39-0.74x oneDNN's time at 1-8
+    rows and 0.97-1.20x at 256-4096 rows: decode is memory-bound (and small calls pay oneDNN's
+    overhead), prefill a few percent slower; one copy of the weight either way. And bfloat16
+    vision attention runs on csrc's varlen kernel (mmserve.ops.kernels). With AMX, oneDNN's
+    prefill and torch's flash kernel are several times faster: they stay."""
     from mmserve.ops import cpu
     from mmserve.ops._extension import cpu_flags
 
-    return cpu.bf16_pair_panels() and "amx_bf16" not in cpu_flags().split()
+    return cpu.bf16_dot_products() and "amx_bf16" not in cpu_flags().split()
 
 
 def pack_cpu_linear(weight: torch.Tensor, small_rows: bool = True) -> LinearMethod:
@@ -156,7 +157,7 @@ def pack_cpu_linear(weight: torch.Tensor, small_rows: bool = True) -> LinearMeth
     the weight, so the caller may drop the plain one."""
     if weight.dtype == torch.float32 and small_rows:
         return PanelLinear(weight)
-    if weight.dtype == torch.bfloat16 and small_rows and bf16_pair_panels_lead():
+    if weight.dtype == torch.bfloat16 and small_rows and bf16_dot_products_lead():
         return PanelLinear(weight)
     if weight.dtype in (torch.float32, torch.bfloat16) and onednn_supports(weight.dtype):
         return OneDnnLinear(weight)

@@ -126,7 +126,7 @@ def test_pack_cpu_linear_chooses_by_dtype_and_row_counts():
     onednn_fp32, onednn_bf16 = linear.onednn_supports(torch.float32), linear.onednn_supports(torch.bfloat16)
     assert isinstance(fp32_decode, linear.PanelLinear) and fp32_decode.packed.dtype == torch.float32
     assert isinstance(fp32_large, linear.OneDnnLinear if onednn_fp32 else linear.PlainLinear)
-    pair_panels = linear.bf16_pair_panels_lead()
+    pair_panels = linear.bf16_dot_products_lead()
     assert isinstance(bf16, linear.OneDnnLinear if onednn_bf16 and not pair_panels else linear.PanelLinear)
     bf16_large = linear.pack_cpu_linear(torch.randn(8, 8).bfloat16(), small_rows=False)
     assert isinstance(bf16_large, linear.OneDnnLinear if onednn_bf16 else linear.PanelLinear)
