@@ -82,7 +82,7 @@ def build_target() -> BuildTarget:
         macros.append(f"-DCPU_CAPABILITY_{capability}")
     flags = cpu_flags()
     if capability == "AVX512" and "avx512_bf16" in flags.split():
-        macros += ["-DMMSERVE_BF16_DOT", "-mavx512bf16"]  # csrc/linear.cpp's K-pair bf16 panels
+        macros += ["-DMMSERVE_BF16_DOT", "-mavx512bf16"]  # vdpbf16ps: linear.cpp, varlen_attention_dot.cpp
     cflags = ("-O3", "-fopenmp", *macros, *_FLAGS_BY_CAPABILITY[capability])
     return BuildTarget(capability, cflags, flags)
 
