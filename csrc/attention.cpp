@@ -2,6 +2,7 @@
 // table) and varlen attention (bidirectional within packed segments), over one tile engine.
 #include "attention_run.h"
 #include "kernels.h"
+#include "parallel.h"
 
 namespace mmserve {
 namespace {
@@ -56,12 +57,28 @@ struct DenseKeys {
   }
 };
 
+// Work of an attention call: two multiply-adds per head_dim element for every query row and key
+// it sees, and each sequence's keys and values read once per kv head (the decode case, where
+// the bytes dominate).
+int64_t attention_work(const std::vector<attention::Sequence>& sequences, int64_t num_heads,
+                       int64_t num_kv_heads, int64_t head_dim, int64_t kv_bytes) {
+  int64_t work = 0;
+  for (const attention::Sequence& seq : sequences) {
+    const int64_t keys_seen = seq.causal ? seq.num_keys - seq.num_queries / 2 : seq.num_keys;
+    work += 2 * head_dim * (seq.num_queries * num_heads * keys_seen +
+                            kMacsPerByte * kv_bytes * num_kv_heads * seq.num_keys);
+  }
+  return work;
+}
+
 }  // namespace
 
 void paged_attention(const PagedAttentionArgs& args) {
   const int group = static_cast<int>(args.num_heads / args.num_kv_heads);
+  const int64_t work = attention_work(args.sequences, args.num_heads, args.num_kv_heads, args.head_dim,
+                                      dtype_size(args.cache_dtype));
   const attention::Plan plan = attention::make_plan(args.sequences, static_cast<int>(args.num_kv_heads),
-                                                    group, at::get_num_threads(), true);
+                                                    group, useful_threads(work, at::get_num_threads()), true);
   const attention::Problem problem{&args.sequences, group, static_cast<int>(args.head_dim), args.scale};
   const int64_t token_stride = args.num_kv_heads * args.head_dim;
   const int64_t plane = args.num_blocks * args.block_size * token_stride;
@@ -83,7 +100,11 @@ void paged_attention(const PagedAttentionArgs& args) {
 void varlen_attention(const VarlenAttentionArgs& args) {
   if (varlen_attention_dot(args)) return;
   const attention::Plan plan =
-      attention::make_plan(args.sequences, static_cast<int>(args.num_heads), 1, at::get_num_threads(), false);
+      attention::make_plan(args.sequences, static_cast<int>(args.num_heads), 1,
+                           useful_threads(attention_work(args.sequences, args.num_heads, args.num_heads,
+                                                         args.head_dim, dtype_size(args.query.dtype)),
+                                          at::get_num_threads()),
+                           false);
   const attention::Problem problem{&args.sequences, 1, static_cast<int>(args.head_dim), args.scale};
   dispatch_dtype(args.query.dtype, [&](auto tag) {
     using T = decltype(tag);

@@ -91,6 +91,7 @@ Plan make_plan(const std::vector<Sequence>& sequences, int num_head_groups, int 
     total_cost += tile.cost * num_head_groups;
     plan.max_rows = std::max(plan.max_rows, tile.num_queries * rows_per_token);
   }
+  plan.num_threads = num_threads;
   const int64_t target_cost = num_threads > 1
                                   ? std::max<int64_t>(1, total_cost / (num_threads * kItemsPerThread))
                                   : std::numeric_limits<int64_t>::max();

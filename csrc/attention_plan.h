@@ -60,6 +60,7 @@ struct Plan {
   std::vector<SplitSet> split_sets;
   int64_t num_partials = 0;
   int max_rows = 0;  // query rows (tokens × group size) of the largest tile of one group
+  int num_threads = 1;  // threads the items were cut for (and run on)
 };
 
 // `rows_per_token` is the number of query heads per head group (the GQA ratio); `group_heads`

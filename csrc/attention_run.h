@@ -145,7 +145,7 @@ void run_plan(const Plan& plan, const Problem& problem, const RowView<const q_t>
 
   const int64_t num_items = static_cast<int64_t>(plan.items.size());
   std::atomic<int64_t> next{0};
-  const int64_t workers = std::min<int64_t>(at::get_num_threads(), num_items);
+  const int64_t workers = std::min<int64_t>(plan.num_threads, num_items);
   at::parallel_for(0, workers, 1, [&](int64_t, int64_t) {
     for (int64_t i = next.fetch_add(1); i < num_items; i = next.fetch_add(1)) {
       const WorkItem& item = plan.items[i];

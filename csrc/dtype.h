@@ -9,6 +9,8 @@ namespace mmserve {
 
 enum class Dtype : int8_t { kFloat32, kBFloat16 };
 
+inline int64_t dtype_size(Dtype dtype) { return dtype == Dtype::kFloat32 ? 4 : 2; }
+
 // Calls fn(T{}) with T = float or c10::BFloat16.
 template <typename Fn>
 inline void dispatch_dtype(Dtype dtype, const Fn& fn) {

@@ -32,6 +32,7 @@
 #include <vector>
 
 #include "kernels.h"
+#include "parallel.h"
 
 #if defined(CPU_CAPABILITY_AVX2) || defined(CPU_CAPABILITY_AVX512)
 #include <immintrin.h>
@@ -281,12 +282,18 @@ void chunk_times_panel(const PackedLinearArgs& args, const float* x, int64_t x_s
   }
 }
 
+// Work of one task (a chunk of rows times one panel): its multiply-adds and its panel's bytes.
+int64_t task_work(const PackedLinearArgs& args, int64_t weight_bytes) {
+  const int64_t rows = std::min(args.num_rows, kChunkRows);
+  return kPanel * args.in_features * (rows + kMacsPerByte * weight_bytes);
+}
+
 template <typename p_t, typename out_t, typename bias_t>
 void linear_tasks(const PackedLinearArgs& args, const float* x, int64_t x_stride) {
   const int64_t panels = (args.out_features + kPanel - 1) / kPanel;
   const int64_t chunks = (args.num_rows + kChunkRows - 1) / kChunkRows;
   const p_t* packed = static_cast<const p_t*>(args.weight);
-  at::parallel_for(0, chunks * panels, 1, [&](int64_t begin, int64_t end) {
+  at::parallel_for(0, chunks * panels, grain_for(task_work(args, sizeof(p_t))), [&](int64_t begin, int64_t end) {
     for (int64_t task = begin; task < end; ++task) {
       const int64_t chunk = task / panels, p = task % panels;
       const int64_t first = chunk * kChunkRows, last = std::min(args.num_rows, first + kChunkRows);
@@ -454,7 +461,7 @@ void pair_panel_linear(const PackedLinearArgs& args) {
     const x_t* x = static_cast<const x_t*>(args.x.data);
     dispatch_dtype(args.out.dtype, [&](auto out) {
       dispatch_dtype(args.bias_dtype, [&](auto bias) {
-        at::parallel_for(0, chunks * panels, 1, [&](int64_t begin, int64_t end) {
+        at::parallel_for(0, chunks * panels, grain_for(task_work(args, sizeof(BFloat16))), [&](int64_t begin, int64_t end) {
           for (int64_t task = begin; task < end; ++task) {
             const int64_t chunk = task / panels, p = task % panels;
             const int64_t first = chunk * kChunkRows, last = std::min(args.num_rows, first + kChunkRows);

@@ -7,6 +7,8 @@
 #include <sched.h>
 #include <torch/library.h>
 
+#include "parallel.h"
+
 #include <cerrno>
 #include <cstring>
 #include <vector>
@@ -39,8 +41,17 @@ void bind_threads_op(c10::IntArrayRef cpus) {
   }
 }
 
+// Sets the work above which the kernels' regions go parallel (parallel.h); returns the old value.
+int64_t set_min_parallel_work_op(int64_t work) {
+  TORCH_CHECK(work >= 0, "set_min_parallel_work: work must be >= 0, got ", work);
+  return g_min_parallel_work.exchange(work);
+}
+
 }  // namespace
 }  // namespace mmserve
 
-// No tensor argument to dispatch on: registered with its one kernel.
-TORCH_LIBRARY_FRAGMENT(mmserve_cpu, m) { m.def("bind_threads(int[] cpus) -> ()", &mmserve::bind_threads_op); }
+// No tensor argument to dispatch on: registered with their one kernel each.
+TORCH_LIBRARY_FRAGMENT(mmserve_cpu, m) {
+  m.def("bind_threads(int[] cpus) -> ()", &mmserve::bind_threads_op);
+  m.def("set_min_parallel_work(int work) -> int", &mmserve::set_min_parallel_work_op);
+}

@@ -8,7 +8,10 @@
 Every peer gets the same sampled requests (same seed) through `mmserve.bench.serve.benchmark`;
 each server is started on loopback, warmed up by --num-warmups requests, measured --rounds times
 on disjoint rows of one seeded sample (the round with the median request throughput is reported),
-and stopped before the next starts.
+and stopped before the next starts. With --interleave the rounds go round-robin instead: round i
+starts, warms up and measures every peer in turn on round i's rows, so a machine whose speed
+drifts over minutes (a shared host) moves every peer of a round alike; the ratios reported are
+then the medians of the within-round ratios.
 Ratios compare peers measured in this same invocation only.
 """
 
@@ -38,6 +41,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("model_dir")
     p.add_argument("--peer", action="append", type=Peer.parse, required=True, help="NAME=KIND[:ARGS]")
     p.add_argument("--rounds", type=int, default=1, help="Measured runs per peer; the median is reported.")
+    p.add_argument(
+        "--interleave",
+        action="store_true",
+        help="Run the rounds round-robin over the peers (a fresh, warmed-up server per round) and "
+        "report the median within-round ratios.",
+    )
     p.add_argument(
         "--files-peer",
         action="append",
@@ -70,46 +79,71 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def run_peer(peer: Peer, args: argparse.Namespace, dataset) -> dict:
-    """Start the peer, run the workload --rounds times, stop it; the median round's result."""
+def run_rounds(peer: Peer, args: argparse.Namespace, dataset, indices: list[int]) -> tuple[list[dict], dict]:
+    """Start the peer, warm it up, run the rounds `indices` (each on its own rows of the seeded
+    sample, the same rows for every peer), stop it; each round's result with its server CPU per
+    request, and the server's /metrics counters."""
     port = free_port()
     argv, env = peer.command(args.model_dir, port, args.vllm_venv)
     Path(args.log_dir).mkdir(parents=True, exist_ok=True)
     server = RunningServer(argv, env, port, Path(args.log_dir) / f"{peer.name}.log")
+    records = []
     try:
         server.wait_healthy(args.startup_timeout)
         bench_args = argparse.Namespace(**vars(args))
         bench_args.base_url, bench_args.model = server.url, None
         bench_args.image_refs = "file" if peer.name in args.files_peer else "data-url"
         endpoint = endpoint_from_args(bench_args)
-        rounds, cpu_by_round = [], []
-        for i in range(args.rounds):
+        for n, i in enumerate(indices):
             print(f"--- {peer.name} ({peer.describe()}), round {i + 1}/{args.rounds}", flush=True)
-            # Each round takes the next rows of the same seeded sample (the same for every peer),
-            # so no round hits prefix-cache entries an earlier round left behind.
-            bench_args.num_warmups = args.num_warmups if i == 0 else 0
-            skip = 0 if i == 0 else args.num_warmups + i * args.num_prompts
+            # Round i measures rows [W + i·P, W + (i + 1)·P) of the sample (W warm-ups, P prompts),
+            # whether or not it warms up first: no round hits prefix-cache entries an earlier
+            # round left behind, and every peer's round i sees the same rows.
+            bench_args.num_warmups = args.num_warmups if n == 0 else 0
+            skip = i * args.num_prompts + (args.num_warmups - bench_args.num_warmups)
             cpu_before = group_cpu_seconds(server.proc.pid)
             if args.client == "vllm":
-                rounds.append(vllm_round(bench_args, server.url, i))
+                result = vllm_round(bench_args, server.url, i)
             else:
-                rounds.append(benchmark(bench_args, endpoint, dataset, skip_rows=skip))
-            requests = rounds[-1]["num_prompts"] + bench_args.num_warmups
+                result = benchmark(bench_args, endpoint, dataset, skip_rows=skip)
+            requests = result["num_prompts"] + bench_args.num_warmups
             spent = cpu_between(cpu_before, group_cpu_seconds(server.proc.pid))
-            cpu_by_round.append({name: 1000 * s / requests for name, s in spent.items() if s > 0})
+            cpu = {name: 1000 * s / requests for name, s in spent.items() if s > 0}
+            records.append(result | {"server_cpu_ms_per_request": cpu})
         counters = server_counters(server.url) if peer.kind == "mmserve" else {}
     finally:
         server.stop()
-    rates = [r["runs"][0]["request_throughput"] for r in rounds]
-    median = rates.index(statistics.median_low(rates))
-    chosen = rounds[median]
+    return records, counters
+
+
+def summarise(peer: Peer, records: list[dict], counters: dict) -> dict:
+    """The round with the median request throughput, with every round's throughput in order."""
+    rates = [r["runs"][0]["request_throughput"] for r in records]
+    chosen = records[rates.index(statistics.median_low(rates))]
     return chosen | {
-        "server_cpu_ms_per_request": cpu_by_round[median],
         "peer": peer.name,
         "server": peer.describe(),
         "rounds_req_per_s": rates,
         "server_counters": counters,
     }
+
+
+def within_round_ratios(results: list[dict]) -> list[list[float]]:
+    """ratios[a][b]: the median over rounds of peer a's request throughput ÷ peer b's in the same
+    round (the peers' rounds_req_per_s in round order)."""
+    return [
+        [
+            statistics.median(
+                x / max(y, 1e-9) for x, y in zip(a["rounds_req_per_s"], b["rounds_req_per_s"], strict=True)
+            )
+            for b in results
+        ]
+        for a in results
+    ]
+
+
+def add_counters(total: dict, more: dict) -> dict:
+    return {name: total.get(name, 0.0) + value for name, value in more.items()}
 
 
 def server_counters(url: str) -> dict[str, float]:
@@ -142,7 +176,8 @@ def markdown(results: list[dict], args: argparse.Namespace, command: str) -> str
         f"{first['num_prompts']} {'conversations' if args.multi_turn else 'prompts'}, "
         f"concurrency {args.max_concurrency or 'unlimited'}, rate {args.request_rate:g} req/s, "
         f"{args.output_len} output tokens{' (ignore_eos)' if args.ignore_eos else ''}, "
-        f"{args.rounds} round(s) per peer (median shown); client: "
+        f"{args.rounds} round(s) per peer{', interleaved' if args.interleave else ''} (median shown); "
+        "client: "
         f"{'vllm bench serve' if args.client == 'vllm' else 'mmserve bench serve'}.",
         "",
         "| peer | server | req/s | out tok/s | TTFT mean / median / P99 (ms) | TPOT median / P99 (ms) "
@@ -159,14 +194,23 @@ def markdown(results: list[dict], args: argparse.Namespace, command: str) -> str
             f"| {m['loadavg_1min_before']:.1f} |"
         )
     names = [r["peer"] for r in results]
-    lines += ["", "Request throughput ratio, row ÷ column (same invocation):", ""]
+    if args.interleave:
+        heading = "Request throughput ratio, row ÷ column: median of the within-round ratios (interleaved)"
+        table = within_round_ratios(results)
+    else:
+        heading = "Request throughput ratio, row ÷ column (same invocation)"
+        rate = [r["runs"][0]["request_throughput"] for r in results]
+        table = [[x / max(y, 1e-9) for y in rate] for x in rate]
+    lines += ["", heading + ":", ""]
     lines += ["| | " + " | ".join(names) + " |", "|---|" + "---:|" * len(names)]
-    for r in results:
-        ratios = [
-            r["runs"][0]["request_throughput"] / max(c["runs"][0]["request_throughput"], 1e-9)
-            for c in results
-        ]
+    for r, ratios in zip(results, table, strict=True):
         lines.append(f"| {r['peer']} | " + " | ".join(f"{x:.2f}" for x in ratios) + " |")
+    if args.interleave:
+        lines += ["", "Request throughput by round (req/s):", ""]
+        lines += ["| peer | " + " | ".join(f"round {i + 1}" for i in range(args.rounds)) + " |"]
+        lines += ["|---|" + "---:|" * args.rounds]
+        for r in results:
+            lines.append(f"| {r['peer']} | " + " | ".join(f"{x:.2f}" for x in r["rounds_req_per_s"]) + " |")
     lines += [
         "",
         "Server CPU per request (ms of user + system time, the round's warm-ups included), by process:",
@@ -181,7 +225,7 @@ def markdown(results: list[dict], args: argparse.Namespace, command: str) -> str
     counted = [r for r in results if r["server_counters"]]
     if counted:
         names = list(counted[0]["server_counters"])
-        lines += ["", "mmserve's /metrics counters over the server's life (warm-ups and all rounds):", ""]
+        lines += ["", "mmserve's /metrics counters over the servers' lives (warm-ups and all rounds):", ""]
         lines += ["| peer | " + " | ".join(names) + " |", "|---|" + "---:|" * len(names)]
         for r in counted:
             lines.append(
@@ -208,12 +252,26 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     command = "python benchmarks/side_by_side.py " + shlex.join(sys.argv[1:] if argv is None else argv)
     dataset = load_conversations(args.dataset_path, args.dataset_split)
-    results = []
-    for peer in args.peer:
+    schedule = (
+        [(peer, [i]) for i in range(args.rounds) for peer in args.peer]
+        if args.interleave
+        else [(peer, list(range(args.rounds))) for peer in args.peer]
+    )
+    records: dict[str, list[dict]] = {peer.name: [] for peer in args.peer}
+    counters: dict[str, dict] = {peer.name: {} for peer in args.peer}
+    failed: set[str] = set()
+    for peer, indices in schedule:
+        if peer.name in failed:
+            continue
         try:
-            results.append(run_peer(peer, args, dataset))
+            done, more = run_rounds(peer, args, dataset, indices)
         except (RuntimeError, TimeoutError) as e:
             print(f"peer {peer.name} failed: {e}", file=sys.stderr)
+            failed.add(peer.name)
+            continue
+        records[peer.name] += done
+        counters[peer.name] = add_counters(counters[peer.name], more)
+    results = [summarise(p, records[p.name], counters[p.name]) for p in args.peer if p.name not in failed]
     if not results:
         return 1
     text = markdown(results, args, command)

@@ -29,6 +29,7 @@ __all__ = [
     "prompt_attention_min_queries",
     "quick_gelu",
     "rms_norm",
+    "set_min_parallel_work",
     "silu_and_mul",
     "varlen_attention",
     "vision_rotary",
@@ -215,3 +216,12 @@ def bind_threads(cpus: list[int]) -> None:
     to CPU cpus[i]; the calling thread is thread 0. Not a numeric op: the reference is the OS's own
     placement, which `mmserve.worker.cpu_threads` keeps when asked not to pin."""
     ops().bind_threads.default(cpus)
+
+
+def set_min_parallel_work(work: int) -> int:
+    """Sets the work (multiply-add equivalents) above which a kernel's region takes a second
+    thread; returns the previous value. Below it a region runs on the calling thread: a fork
+    and join costs more than it saves, and much more when a thread it waits for has lost its core
+    to another process. 0: every region with more than one task is parallel (the kernel tests
+    use it to reach the split paths with small shapes). Default 2^20, about 20 µs on one core."""
+    return ops().set_min_parallel_work.default(work)

@@ -19,6 +19,8 @@ from mmserve.layers.rotary import MRotaryEmbedding
 from mmserve.ops import cpu, reference
 from mmserve.ops.linear import OneDnnLinear, onednn_supports
 
+pytestmark = pytest.mark.usefixtures("parallel_threshold")
+
 MAX_POSITIONS = 512
 
 

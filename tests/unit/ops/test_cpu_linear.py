@@ -10,6 +10,8 @@ import torch.nn.functional as F
 
 from mmserve.ops import cpu, linear, reference
 
+pytestmark = pytest.mark.usefixtures("parallel_threshold")
+
 # 1-6 rows are one tile each; 7, 8, 13 split into smaller tiles; 49 and 100 cross a row chunk.
 ROWS = [1, 2, 3, 4, 5, 6, 7, 8, 13, 49, 100]
 
@@ -156,3 +158,11 @@ def test_widening_bf16_can_be_turned_off(monkeypatch):
     monkeypatch.setenv("MMSERVE_CPU_WIDEN_BF16", "sometimes")
     with pytest.raises(ValueError, match="MMSERVE_CPU_WIDEN_BF16"):
         linear.float32_outruns_bfloat16.__wrapped__()
+
+
+def test_the_parallel_threshold_is_set_returned_and_never_negative():
+    before = cpu.set_min_parallel_work(123)
+    assert cpu.set_min_parallel_work(before) == 123
+    with pytest.raises(RuntimeError, match="must be >= 0"):
+        cpu.set_min_parallel_work(-1)
+    assert cpu.set_min_parallel_work(before) == before

@@ -4,8 +4,9 @@ Random mixed steps (decode rows, whole prompts, prompt chunks that are the tail 
 context, requests with no query this step) over block tables with holes: ids drawn from a
 larger pool in random order, unused ids, and padding entries past each context that point
 outside the cache (so a kernel reading them would fail the bounds check or read garbage).
-The suite runs with 2 torch threads (tests/conftest.py), so contexts past a few hundred keys
-take the split-KV path with its merge.
+The suite runs with 2 torch threads (tests/conftest.py), and every test once more with every
+region parallel (conftest.py here), so contexts past a few hundred keys take the split-KV path
+with its merge.
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ import torch
 from mmserve.layers.attention import AttentionMetadata
 from mmserve.layers.attention.torch_backend import TorchAttentionBackend
 from mmserve.ops import cpu, reference
+
+pytestmark = pytest.mark.usefixtures("parallel_threshold")
 
 FP32_TOLERANCE = {"rtol": 1e-5, "atol": 1e-5}
 PROMPT_ATTENTION_MIN_QUERIES = cpu.prompt_attention_min_queries()  # longer chunks: torch's flash kernel

@@ -9,6 +9,8 @@ import torch
 from mmserve.ops import cpu, reference
 from mmserve.ops.sdpa import varlen_attention_sdpa as torch_varlen_attention
 
+pytestmark = pytest.mark.usefixtures("parallel_threshold")
+
 FP32_TOLERANCE = {"rtol": 1e-5, "atol": 1e-5}
 
 
