@@ -25,6 +25,7 @@ from mmserve.distributed.parallel_state import DistributedInit, host_store
 from mmserve.executor.abstract import Executor
 from mmserve.executor.worker_factory import distributed_backend
 from mmserve.executor.worker_process import run_worker_process
+from mmserve.openmp_env import model_process_environment
 
 logger = logging.getLogger("mmserve.executor")
 
@@ -57,8 +58,9 @@ class MultiprocExecutor(Executor):
         ]
         self._closed = False
         try:
-            for process in self.processes:
-                process.start()
+            with model_process_environment():
+                for process in self.processes:
+                    process.start()
             self._wait_started()
             self.channel.wait_subscribed(self.world_size, self._check_alive, START_TIMEOUT_S)
             self.num_blocks = min(self.collective_rpc("determine_num_blocks"))

@@ -19,6 +19,7 @@ import zmq.asyncio
 from mmserve import protocol
 from mmserve.config import EngineConfig
 from mmserve.engine_process import run_engine_core_process
+from mmserve.openmp_env import model_process_environment
 from mmserve.protocol import EngineCoreOutputs, EngineRequest, PixelHandle
 
 if TYPE_CHECKING:
@@ -87,7 +88,8 @@ class MPCoreClient:
             name="mmserve-engine-core",
             daemon=False,
         )
-        self.process.start()
+        with model_process_environment():
+            self.process.start()
         deadline = asyncio.get_running_loop().time() + timeout_s
         while True:
             if await self._from_engine.poll(200):

@@ -23,6 +23,7 @@ LEAVES = {
     "mmserve.sampling_params",
     "mmserve.outputs",
     "mmserve.process_name",  # names the process for ps/top (Linux prctl)
+    "mmserve.openmp_env",  # OpenMP wait settings of the processes that run the model
 }
 # Support packages every layer may use is not a thing: only those named below.
 ALLOWED: dict[str, set[str]] = {
