@@ -324,9 +324,13 @@ inline __m512 plain_row(const BFloat16* row) {
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16));
 }
 
-// Keeps the weight's stream ahead of the pairs being read: one line per 64 bytes of panel.
+// Keeps the weight's stream ahead of the pairs being read: one line per 64 bytes of panel, into
+// L2, not L1. A prefetch into L1 holds one of the core's few L1 miss buffers until its line
+// arrives; at 8 rows a panel line is used for 8 vdpbf16ps, the loop runs slower than the memory,
+// and those buffers stay full, so every further prefetch stalled the loop until one drained (Zen 4,
+// 768 × 2048 at 8 rows: 0.20 → 0.10 ms; BENCHMARKS.md, "OpenMP spinning and L2 prefetches").
 inline void prefetch_panel(const BFloat16* at) {
-  _mm_prefetch(reinterpret_cast<const char*>(at) + kPrefetchBytes, _MM_HINT_T0);
+  _mm_prefetch(reinterpret_cast<const char*>(at) + kPrefetchBytes, _MM_HINT_T1);
 }
 
 // acc[r][0..15] (+)= Σ_k x[r][k] · panel column over `depth` rows of K, bfloat16 rows: one

@@ -6,7 +6,7 @@ sleeps. Unset, that is 300,000 loops: milliseconds, so the engine's other thread
 cores busy through every gap between regions, including each step's scheduling, input
 preparation and output handling (Python, on the main thread alone). On a small machine those
 are the cores the API server and the preprocess workers need: at concurrency 8 on 2 cores the
-spinning was a third of the server's CPU time (BENCHMARKS.md, "OpenMP spinning").
+spinning was a sixth to a quarter of the server's CPU time (BENCHMARKS.md, "OpenMP spinning").
 
 libgomp reads the variable once, when it loads, so it is set in the environment of a process
 about to start (multiprocessing's `spawn`) and never in a running one: an offline `LLM` runs
