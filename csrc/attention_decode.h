@@ -4,7 +4,8 @@
 // A decode row is memory-bound only if the core spends a few instructions per byte of K/V, so
 // this path differs from the tile engine (attention_tile.h) where a tile of 1–8 query rows made
 // it compute-bound: K/V rows are read where they lie and bfloat16 is widened in registers (no
-// copy into a buffer); each K/V vector, once in a register, serves up to kDecodeHeads query heads;
+// copy into a buffer), or, for a bfloat16 query's scores on AVX512-BF16, multiplied in pairs
+// as it lies (decode_scores_dot); each K/V vector, once in a register, serves up to kDecodeHeads query heads;
 // the scores of a key block are reduced across lanes together (hadd trees); the softmax runs on
 // vectors of kDecodeKeys scores; the accumulator's rescale is folded into the P·V pass; the next
 // step's K/V lines are prefetched while this step computes; and no causal mask is needed (a
@@ -14,6 +15,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 
 #include "attention_microkernels.h"
 #include "attention_tile.h"
@@ -32,7 +34,52 @@ struct DecodeHeads {
   float* max;          // [MR]
   float* sum;          // [MR]
   int head_dim;
+  // [MR, head_dim], unscaled, where the keys' products can take vdpbf16ps (decode_scores_dot);
+  // else nullptr
+  const c10::BFloat16* query_bf16;
+  float scale;
 };
+
+#if defined(CPU_CAPABILITY_AVX512) && defined(MMSERVE_BF16_DOT)
+constexpr bool kDecodeScoresDot = true;
+constexpr int kDotDims = 32;  // bfloat16 elements per zmm: 16 pairs, one vdpbf16ps
+
+// decode_scores for a bfloat16 query against bfloat16 keys, on AVX512-BF16: one vdpbf16ps per
+// 32 dimensions, key and head, where the float32 path widens each key vector (a shift and a
+// mask per 16 dimensions) before its FMAs. A bfloat16 product is exact in float32, and the
+// query is the caller's own bfloat16 (unscaled), so only the order of the float32 additions and
+// the scale (applied to the sum instead of to each query element) differ. head_dim % 32 == 0.
+template <int MR>
+inline void decode_scores_dot(const DecodeHeads& heads, const c10::BFloat16* const* k, float* scores) {
+  constexpr int N = MR * kDecodeBlockKeys;
+  const int head_dim = heads.head_dim;
+  Vec acc[N];
+  for (int a = 0; a < N; ++a) acc[a] = Vec(0.f);
+  for (int d = 0; d < head_dim; d += kDotDims) {
+    __m512bh queries[MR];
+    for (int i = 0; i < MR; ++i) queries[i] = (__m512bh)_mm512_loadu_si512(heads.query_bf16 + i * head_dim + d);
+    for (int j = 0; j < kDecodeBlockKeys; ++j) {
+      const __m512bh key = (__m512bh)_mm512_loadu_si512(k[j] + d);
+      for (int i = 0; i < MR; ++i) {
+        Vec& sum = acc[i * kDecodeBlockKeys + j];
+        sum = Vec(_mm512_dpbf16_ps(sum, queries[i], key));
+      }
+    }
+  }
+  float sums[N];
+  if constexpr (N % 8 == 0) {
+    for (int a = 0; a < N; a += 8) lane_sums<8>(acc + a, sums + a);
+  } else {
+    for (int a = 0; a < N; a += 4) lane_sums<4>(acc + a, sums + a);
+  }
+  for (int i = 0; i < MR; ++i)
+    for (int j = 0; j < kDecodeBlockKeys; ++j)
+      scores[i * kDecodeKeys + j] = sums[i * kDecodeBlockKeys + j] * heads.scale;
+}
+#else
+constexpr bool kDecodeScoresDot = false;
+constexpr int kDotDims = 1;
+#endif
 
 // scores[i * kDecodeKeys + j] = q_i · k_j for MR heads and the kDecodeBlockKeys key rows k[j].
 template <int MR, typename kv_t>
@@ -146,11 +193,25 @@ inline void decode_tile(const DecodeHeads& heads, const kv_t* const* k, const kv
     prefetch_lines(next.values, lines_per_row, first, end);
     const kv_t* block[kDecodeBlockKeys];  // a short last block repeats its last key (ignored)
     for (int b = 0; b < kDecodeBlockKeys; ++b) block[b] = k[std::min(j + b, count - 1)];
+#if defined(CPU_CAPABILITY_AVX512) && defined(MMSERVE_BF16_DOT)
+    if constexpr (std::is_same_v<kv_t, c10::BFloat16>) {
+      if (heads.query_bf16 != nullptr) {
+        decode_scores_dot<MR>(heads, block, scores + j);
+        continue;
+      }
+    }
+#endif
     decode_scores<MR>(heads, block, scores + j);
   }
   float alpha[MR];
   decode_softmax<MR>(heads, scores, count, alpha);
   decode_accumulate<MR>(heads, scores, alpha, v, count);
+}
+
+// Row `first` of the tile's bfloat16 query where decode_scores_dot can take it, else nullptr.
+inline const c10::BFloat16* dot_query(const FlashTile& tile, int first) {
+  if (!kDecodeScoresDot || tile.head_dim() % kDotDims != 0) return nullptr;
+  return tile.bf16_query(first);
 }
 
 // One head group's heads in passes of ≤ kDecodeHeads, sized evenly (4 → 2 + 2, 7 → 3 + 2 + 2).
@@ -162,7 +223,7 @@ inline void decode_group(FlashTile& tile, const kv_t* const* k, const kv_t* cons
   for (int pass = 0, first = 0; pass < passes; ++pass) {
     const int end = rows * (pass + 1) / passes;
     const DecodeHeads heads{tile.query(first), tile.mutable_acc(first), tile.mutable_max() + first,
-                            tile.mutable_sum() + first, tile.head_dim()};
+                            tile.mutable_sum() + first, tile.head_dim(), dot_query(tile, first), tile.scale()};
     const NextRows ahead = pass == 0 ? next : NextRows{nullptr, nullptr, 0, 0};
     switch (end - first) {
       case 1: decode_tile<1>(heads, k, v, count, ahead); break;

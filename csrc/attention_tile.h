@@ -58,6 +58,11 @@ class FlashTile {
 
   // The raw state, for the decode kernel (attention_decode.h), which keeps this layout.
   const float* query(int i) const { return query_.data() + static_cast<int64_t>(i) * head_dim_; }
+  // Query row i as given (unscaled), where every row was set from bfloat16; else nullptr.
+  const c10::BFloat16* bf16_query(int i) const {
+    return bf16_rows_ == num_rows_ ? query_bf16_.data() + static_cast<int64_t>(i) * head_dim_ : nullptr;
+  }
+  float scale() const { return scale_; }
   float* mutable_acc(int i) { return acc_.data() + static_cast<int64_t>(i) * head_dim_; }
   float* mutable_max() { return max_.data(); }
   float* mutable_sum() { return sum_.data(); }
@@ -77,6 +82,9 @@ class FlashTile {
   int num_rows_ = 0;
   int head_dim_ = 0;
   std::vector<float> query_;   // [rows, head_dim], scaled
+  std::vector<c10::BFloat16> query_bf16_;  // [rows, head_dim], unscaled: rows set from bfloat16
+  int bf16_rows_ = 0;
+  float scale_ = 1.f;
   std::vector<float> acc_;     // [rows, head_dim]
   std::vector<float> scores_;  // [rows, kKeyTile]: scores, then probabilities
   std::vector<float> max_, sum_, alpha_;
@@ -88,6 +96,8 @@ inline void FlashTile::reset(int num_rows, int head_dim) {
   num_rows_ = num_rows;
   head_dim_ = head_dim;
   query_.assign(static_cast<int64_t>(num_rows) * head_dim, 0.f);
+  query_bf16_.resize(static_cast<int64_t>(num_rows) * head_dim);
+  bf16_rows_ = 0;
   acc_.assign(static_cast<int64_t>(num_rows) * head_dim, 0.f);
   scores_.resize(static_cast<int64_t>(num_rows) * kKeyTile);
   max_.assign(num_rows, kNegInf);
@@ -103,6 +113,11 @@ inline void FlashTile::set_query(int i, const q_t* src, float scale, int64_t las
   int d = 0;
   for (; d + kVecSize <= head_dim_; d += kVecSize) (load_f32(src + d) * factor).store(dst + d);
   for (; d < head_dim_; ++d) dst[d] = static_cast<float>(src[d]) * scale;
+  if constexpr (std::is_same_v<q_t, c10::BFloat16>) {
+    std::copy(src, src + head_dim_, query_bf16_.data() + static_cast<int64_t>(i) * head_dim_);
+    ++bf16_rows_;
+  }
+  scale_ = scale;
   last_key_[i] = last_key;
 }
 

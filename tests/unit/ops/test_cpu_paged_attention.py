@@ -214,6 +214,16 @@ def test_decode_batches_of_very_different_lengths(heads, head_dim, dtype, thread
     check(step_of(rng, lengths, heads, head_dim, dtype))
 
 
+@pytest.mark.parametrize(("heads", "head_dim"), DECODE_SHAPES)
+def test_bfloat16_decode_rows_at_a_scale_that_is_not_a_power_of_two(heads, head_dim, threads):
+    """On AVX512-BF16 builds bfloat16 decode scores are q · k on vdpbf16ps with the scale applied
+    to the sum (head_dim a multiple of 32): a scale that rounds when folded into the query
+    element by element must still give the reference's rows."""
+    rng = np.random.default_rng([head_dim, threads, 11])
+    lengths = [(1, c) for c in (1, 33, 300, 1100)]
+    check(step_of(rng, lengths, heads, head_dim, torch.bfloat16), scale=0.1)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("context", [255, 256, 257, 511, 512, 513, 1024, 1025])
 def test_one_long_decode_row_split_at_every_boundary(context, dtype, threads):
