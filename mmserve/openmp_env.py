@@ -9,9 +9,9 @@ are the cores the API server and the preprocess workers need: at concurrency 8 o
 spinning was a sixth to a quarter of the server's CPU time (BENCHMARKS.md, "OpenMP spinning").
 
 libgomp reads the variable once, when it loads, so it is set in the environment of a process
-about to start (multiprocessing's `spawn`) and never in a running one: an offline `LLM` runs
-the engine in the caller's process, whose OpenMP has already read its environment. A user's own
-GOMP_SPINCOUNT or OMP_WAIT_POLICY is left as it is.
+about to start (multiprocessing's `spawn`, a Ray actor's runtime_env) and never in a running
+one: an offline `LLM` runs the engine in the caller's process, whose OpenMP has already read its
+environment. A user's own GOMP_SPINCOUNT or OMP_WAIT_POLICY is left as it is.
 """
 
 from __future__ import annotations

@@ -11,6 +11,7 @@ address (gloo on CPU, NCCL on CUDA).
 
 from __future__ import annotations
 
+import os
 import pickle
 from typing import Any
 
@@ -19,6 +20,7 @@ from mmserve.core.sched_output import ExecutorDeadError, ModelRunnerOutput, Sche
 from mmserve.distributed.parallel_state import DistributedInit, host_store
 from mmserve.executor.abstract import Executor
 from mmserve.executor.worker_factory import build_worker, distributed_backend, on_cuda
+from mmserve.openmp_env import child_settings
 
 POLL_S = 0.1  # how often a wait checks every actor
 
@@ -72,11 +74,13 @@ class RayExecutor(Executor):
             host = ray.util.get_node_ip_address()
             self._store = host_store(host)
             actor_class = ray.remote(num_cpus=1, num_gpus=gpus)(RayWorker)
+            runtime_env = self._worker_runtime_env()
             for rank in range(self.world_size):
                 strategy = PlacementGroupSchedulingStrategy(
                     self.placement_group, placement_group_bundle_index=rank
                 )
-                self.actors.append(actor_class.options(scheduling_strategy=strategy).remote())
+                options = {"scheduling_strategy": strategy, **runtime_env}
+                self.actors.append(actor_class.options(**options).remote())
             backend = distributed_backend(config)
             self.node_ids = self._get_all(
                 [
@@ -91,6 +95,15 @@ class RayExecutor(Executor):
         except BaseException:
             self.shutdown()
             raise
+
+    def _worker_runtime_env(self) -> dict[str, Any]:
+        """The actors' runtime_env option: the OpenMP spin count of mmserve.openmp_env, which Ray
+        sets as it starts the actor's process (a runtime_env of its own gets a fresh one, not a
+        pooled worker whose OpenMP has read its environment already), unless the user chose one
+        here or in the job's runtime_env."""
+        job_env = self._ray.get_runtime_context().runtime_env.get("env_vars") or {}
+        env_vars = child_settings({**os.environ, **job_env})
+        return {"runtime_env": {"env_vars": env_vars}} if env_vars else {}
 
     def _get_all(self, refs: list[Any]) -> list[Any]:
         """Every result, in order; the first failure (an actor died or raised) ends the wait."""
