@@ -40,6 +40,16 @@ struct DecodeHeads {
   float scale;
 };
 
+// sums[a] = Σ lanes of acc[a] for a score block's N accumulators, eight or four at a time.
+template <int N>
+inline void block_sums(const Vec* acc, float* sums) {
+  if constexpr (N % 8 == 0) {
+    for (int a = 0; a < N; a += 8) lane_sums<8>(acc + a, sums + a);
+  } else {
+    for (int a = 0; a < N; a += 4) lane_sums<4>(acc + a, sums + a);
+  }
+}
+
 #if defined(CPU_CAPABILITY_AVX512) && defined(MMSERVE_BF16_DOT)
 constexpr bool kDecodeScoresDot = true;
 constexpr int kDotDims = 32;  // bfloat16 elements per zmm: 16 pairs, one vdpbf16ps
@@ -67,11 +77,7 @@ inline void decode_scores_dot(const DecodeHeads& heads, const c10::BFloat16* con
     }
   }
   float sums[N];
-  if constexpr (N % 8 == 0) {
-    for (int a = 0; a < N; a += 8) lane_sums<8>(acc + a, sums + a);
-  } else {
-    for (int a = 0; a < N; a += 4) lane_sums<4>(acc + a, sums + a);
-  }
+  block_sums<N>(acc, sums);
   for (int i = 0; i < MR; ++i)
     for (int j = 0; j < kDecodeBlockKeys; ++j)
       scores[i * kDecodeKeys + j] = sums[i * kDecodeBlockKeys + j] * heads.scale;
@@ -99,11 +105,7 @@ inline void decode_scores(const DecodeHeads& heads, const kv_t* const* k, float*
     }
   }
   float sums[N];
-  if constexpr (N % 8 == 0) {
-    for (int a = 0; a < N; a += 8) lane_sums<8>(acc + a, sums + a);
-  } else {
-    for (int a = 0; a < N; a += 4) lane_sums<4>(acc + a, sums + a);
-  }
+  block_sums<N>(acc, sums);
   for (int i = 0; i < MR; ++i) {
     for (int j = 0; j < kDecodeBlockKeys; ++j) {
       float sum = sums[i * kDecodeBlockKeys + j];
