@@ -4,8 +4,10 @@
 // A decode row is memory-bound only if the core spends a few instructions per byte of K/V, so
 // this path differs from the tile engine (attention_tile.h) where a tile of 1–8 query rows made
 // it compute-bound: K/V rows are read where they lie and bfloat16 is widened in registers (no
-// copy into a buffer), or, for a bfloat16 query's scores on AVX512-BF16, multiplied in pairs
-// as it lies (decode_scores_dot); each K/V vector, once in a register, serves up to kDecodeHeads query heads;
+// copy into a buffer), or, for a bfloat16 query on AVX512-BF16, multiplied in pairs on
+// vdpbf16ps as it lies: the scores along head_dim (decode_scores_dot), P·V along the keys with
+// the probabilities rounded to bfloat16 (decode_accumulate_dot); each K/V vector, once in a
+// register, serves up to kDecodeHeads query heads;
 // the scores of a key block are reduced across lanes together (hadd trees); the softmax runs on
 // vectors of kDecodeKeys scores; the accumulator's rescale is folded into the P·V pass; the next
 // step's K/V lines are prefetched while this step computes; and no causal mask is needed (a
@@ -81,6 +83,80 @@ inline void decode_scores_dot(const DecodeHeads& heads, const c10::BFloat16* con
   for (int i = 0; i < MR; ++i)
     for (int j = 0; j < kDecodeBlockKeys; ++j)
       scores[i * kDecodeKeys + j] = sums[i * kDecodeBlockKeys + j] * heads.scale;
+}
+
+// The probabilities of MR heads (decode_softmax's, zero past the tile's count) as bfloat16
+// pairs, rounded to nearest even: keys 2m and 2m + 1 in word m, what decode_values_dot broadcasts.
+template <int MR>
+inline void probability_pairs(const float* p, int32_t* pairs) {
+  static_assert(kDecodeKeys == 32, "one zmm of bfloat16 per head");
+  for (int i = 0; i < MR; ++i) {
+    const float* row = p + i * kDecodeKeys;
+    const __m512bh both = _mm512_cvtne2ps_pbh(_mm512_loadu_ps(row + 16), _mm512_loadu_ps(row));
+    _mm512_storeu_si512(pairs + i * (kDecodeKeys / 2), (__m512i)both);
+  }
+}
+
+// acc_i[d0, d0 + 32 · DB) ← alpha_i · acc_i + Σ_n p_i[n] · v_n for MR heads, bfloat16 values on
+// vdpbf16ps: per key pair, the two rows' 32 dimensions are interleaved (unpacklo/hi_epi16) into
+// pairs along the keys and multiplied by the broadcast probability pair. The interleave holds,
+// per 128-bit lane, dimensions 8l..8l+3 (lo) and 8l+4..8l+7 (hi), so the accumulators are
+// loaded into that order and stored back in natural order (permutex2var).
+template <int MR, int DB>
+inline void decode_values_dot(const DecodeHeads& heads, const int32_t* pairs, const float* alpha,
+                              const c10::BFloat16* const* v, int count, int d0) {
+  const __m512i to_lo = _mm512_setr_epi32(0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27);
+  const __m512i to_hi = _mm512_setr_epi32(4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31);
+  __m512 lo[MR][DB], hi[MR][DB];
+  for (int i = 0; i < MR; ++i) {
+    const __m512 factor = _mm512_set1_ps(alpha[i]);
+    for (int b = 0; b < DB; ++b) {
+      const float* acc = heads.acc + i * heads.head_dim + d0 + b * kDotDims;
+      const __m512 first = _mm512_mul_ps(_mm512_loadu_ps(acc), factor);
+      const __m512 second = _mm512_mul_ps(_mm512_loadu_ps(acc + 16), factor);
+      lo[i][b] = _mm512_permutex2var_ps(first, to_lo, second);
+      hi[i][b] = _mm512_permutex2var_ps(first, to_hi, second);
+    }
+  }
+  for (int n = 0; n < count; n += 2) {
+    const c10::BFloat16* even = v[n];
+    const c10::BFloat16* odd = v[std::min(n + 1, count - 1)];  // an odd count's last: times 0
+    __m512bh weight[MR];
+    for (int i = 0; i < MR; ++i) weight[i] = (__m512bh)_mm512_set1_epi32(pairs[i * (kDecodeKeys / 2) + n / 2]);
+    for (int b = 0; b < DB; ++b) {
+      const __m512i a = _mm512_loadu_si512(even + d0 + b * kDotDims);
+      const __m512i c = _mm512_loadu_si512(odd + d0 + b * kDotDims);
+      const __m512bh low = (__m512bh)_mm512_unpacklo_epi16(a, c), high = (__m512bh)_mm512_unpackhi_epi16(a, c);
+      for (int i = 0; i < MR; ++i) {
+        lo[i][b] = _mm512_dpbf16_ps(lo[i][b], low, weight[i]);
+        hi[i][b] = _mm512_dpbf16_ps(hi[i][b], high, weight[i]);
+      }
+    }
+  }
+  const __m512i first_half = _mm512_setr_epi32(0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23);
+  const __m512i second_half = _mm512_setr_epi32(8, 9, 10, 11, 24, 25, 26, 27, 12, 13, 14, 15, 28, 29, 30, 31);
+  for (int i = 0; i < MR; ++i) {
+    for (int b = 0; b < DB; ++b) {
+      float* acc = heads.acc + i * heads.head_dim + d0 + b * kDotDims;
+      _mm512_storeu_ps(acc, _mm512_permutex2var_ps(lo[i][b], first_half, hi[i][b]));
+      _mm512_storeu_ps(acc + 16, _mm512_permutex2var_ps(lo[i][b], second_half, hi[i][b]));
+    }
+  }
+}
+
+// The P·V pass on vdpbf16ps (decode_values_dot) over all of head_dim (a multiple of 32): the
+// probabilities are rounded to bfloat16 for this product, as torch's flash kernel and
+// varlen_attention_dot.cpp do; the normaliser (decode_softmax) stays float32.
+template <int MR>
+inline void decode_accumulate_dot(const DecodeHeads& heads, const float* p, const float* alpha,
+                                  const c10::BFloat16* const* v, int count) {
+  constexpr int DB = MR == 1 ? 4 : 2;  // 2 · MR · DB accumulators: 8 or 12
+  int32_t pairs[MR * kDecodeKeys / 2];
+  probability_pairs<MR>(p, pairs);
+  int d = 0;
+  for (; d + DB * kDotDims <= heads.head_dim; d += DB * kDotDims)
+    decode_values_dot<MR, DB>(heads, pairs, alpha, v, count, d);
+  for (; d < heads.head_dim; d += kDotDims) decode_values_dot<MR, 1>(heads, pairs, alpha, v, count, d);
 }
 #else
 constexpr bool kDecodeScoresDot = false;
@@ -207,6 +283,11 @@ inline void decode_tile(const DecodeHeads& heads, const kv_t* const* k, const kv
   }
   float alpha[MR];
   decode_softmax<MR>(heads, scores, count, alpha);
+#if defined(CPU_CAPABILITY_AVX512) && defined(MMSERVE_BF16_DOT)
+  if constexpr (std::is_same_v<kv_t, c10::BFloat16>) {
+    if (heads.query_bf16 != nullptr) return decode_accumulate_dot<MR>(heads, scores, alpha, v, count);
+  }
+#endif
   decode_accumulate<MR>(heads, scores, alpha, v, count);
 }
 
