@@ -8,6 +8,12 @@ bandwidth. This measures, in one process: a STREAM-style bandwidth (a large tens
 bytes read + written per second, and a read-only sum), then whole engine steps
 (`EngineCore.step`: scheduler, input preparation, forward, sampling) of `--batch` requests all
 decoding with `--context` tokens of text context, and reports floor ÷ step time.
+
+The read bandwidth of a shared VM is not one number: on the Zen 4 host of BENCHMARKS.md it sits
+at ~35 GB/s for seconds, then at ~60, then back. So a read sample is taken before every
+`SAMPLE_EVERY` steps, each such window of steps is held to the floor of its own sample, and the
+ratio reported is the median of the windows' ratios (a median of all steps against a median of
+all samples would compare a step of one state with a floor of the other).
 """
 
 from __future__ import annotations
@@ -28,6 +34,8 @@ from mmserve.ops.huge_pages import empty_on_huge_pages
 from mmserve.sampling_params import SamplingParams
 from mmserve.testing.checkpoints import checkpoint
 
+SAMPLE_EVERY = 5  # steps per window, each after one read sample
+
 
 def stream_bandwidth(num_bytes: int = 1 << 30, rounds: int = 7) -> dict[str, float]:
     """Bytes per second of a copy (read + write counted) and of a read-only reduction, on buffers
@@ -46,18 +54,23 @@ def stream_bandwidth(num_bytes: int = 1 << 30, rounds: int = 7) -> dict[str, flo
 
 
 class ReadBandwidth:
-    """Read-only bandwidth samples taken on demand (`sample()`: one sum over a buffer ~8× a
-    server CPU's last-level cache), so that they can be interleaved with the work measured."""
+    """Read-only bandwidth samples taken on demand (`sample()`: the faster of two sums over a
+    buffer ~8× a server CPU's last-level cache, best of trials as STREAM reports; one sum alone
+    read 3-16 GB/s now and then among 35s), so that they can be interleaved with the work
+    measured."""
 
     def __init__(self, num_bytes: int = 1 << 28) -> None:
         # on huge pages as the engine's weights and KV cache are, so the floor is not understated
         self.buffer = empty_on_huge_pages((num_bytes // 4,), torch.float32).fill_(1.0)
         self.samples: list[float] = []
 
-    def sample(self) -> None:
-        start = time.perf_counter()
-        self.buffer.sum()
-        self.samples.append(self.buffer.numel() * 4 / (time.perf_counter() - start))
+    def sample(self, trials: int = 2) -> None:
+        seconds = []
+        for _ in range(trials):
+            start = time.perf_counter()
+            self.buffer.sum()
+            seconds.append(time.perf_counter() - start)
+        self.samples.append(self.buffer.numel() * 4 / min(seconds))
 
 
 def weight_bytes(llm: LLM) -> int:
@@ -131,21 +144,28 @@ def main() -> None:
     rows = []
     for batch in args.batch:
         reader = ReadBandwidth()
-        times = decode_steps(llm, batch, args.context, args.steps, between=reader.sample)
+        times = decode_steps(llm, batch, args.context, args.steps, between=reader.sample, every=SAMPLE_EVERY)
         step = statistics.median(times)
         read = statistics.median(reader.samples)
         kv = batch * (args.context + args.steps // 2) * kv_bytes_per_token
-        floor = (weights + kv) / read
+        # window i: the steps after read sample i, against that sample's floor
+        windows = [
+            ((weights + kv) / sample, statistics.median(times[i * SAMPLE_EVERY : (i + 1) * SAMPLE_EVERY]))
+            for i, sample in enumerate(reader.samples)
+        ]
+        window_ratios = [floor / window_step for floor, window_step in windows]
         rows.append(
             {
                 "batch": batch,
                 "median_step_s": step,
                 "read_bytes_per_s": read,
                 "read_samples": reader.samples,
+                "window_steps_s": [window_step for _, window_step in windows],
+                "window_floor_over_step": window_ratios,
                 "weights_bytes": weights,
                 "kv_bytes": kv,
-                "floor_s": floor,
-                "floor_over_step": floor / step,
+                "floor_s": (weights + kv) / read,
+                "floor_over_step": statistics.median(window_ratios),
                 "effective_bytes_per_s": (weights + kv) / step,
             }
         )
@@ -166,12 +186,18 @@ def main() -> None:
         f"STREAM copy {bandwidth['copy_bytes_per_s'] / 1e9:.1f} GB/s, "
         f"read {bandwidth['read_bytes_per_s'] / 1e9:.1f} GB/s"
     )
-    print(f"{'batch':>5} {'step ms':>9} {'read GB/s':>10} {'floor ms':>9} {'floor/step':>11} {'GB/s':>7}")
+    print(
+        f"{'batch':>5} {'step ms':>9} {'read GB/s (range)':>18} {'floor ms':>9} {'floor/step':>11} "
+        f"{'(windows)':>11} {'GB/s':>7}"
+    )
     for row in rows:
+        samples = [s / 1e9 for s in row["read_samples"]]
+        ratios = row["window_floor_over_step"]
         print(
-            f"{row['batch']:>5} {1e3 * row['median_step_s']:>9.2f} {row['read_bytes_per_s'] / 1e9:>10.1f} "
+            f"{row['batch']:>5} {1e3 * row['median_step_s']:>9.2f} "
+            f"{f'{min(samples):.0f}-{max(samples):.0f}':>18} "
             f"{1e3 * row['floor_s']:>9.2f} {row['floor_over_step']:>11.2f} "
-            f"{row['effective_bytes_per_s'] / 1e9:>7.1f}"
+            f"{f'{min(ratios):.2f}-{max(ratios):.2f}':>11} {row['effective_bytes_per_s'] / 1e9:>7.1f}"
         )
     if args.json:
         with open(args.json, "w") as f:
