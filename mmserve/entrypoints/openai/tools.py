@@ -39,7 +39,10 @@ class ToolCall:
 
 def _parse_call(body: str) -> ToolCall | None:
     try:
-        call = json.loads(body)
+        # strict=False admits raw control characters inside strings, which the forcing grammar
+        # can let through (xgrammar 0.2.9's rule for a string with maxLength); the arguments
+        # are written out again below, escaped
+        call = json.loads(body, strict=False)
     except ValueError:
         return None
     if not isinstance(call, dict) or not isinstance(call.get("name"), str):

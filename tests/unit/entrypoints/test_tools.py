@@ -68,6 +68,34 @@ def test_the_forcing_grammar_admits_exactly_the_tool_call_format():
         assert (matcher.accept_string(text) and matcher.is_completed()) == ok, text
 
 
+def test_every_call_the_grammar_admits_parses_with_its_arguments_escaped():
+    """xgrammar's rule for a string with maxLength admits raw control characters (0.2.9:
+    [^"\\\r\n]), which strict JSON refuses: such a call must still come out as a call, its
+    arguments valid JSON."""
+    tools = [
+        {
+            "type": "function",
+            "function": {
+                "name": "get_weather",
+                "parameters": {
+                    "type": "object",
+                    "properties": {"city": {"type": "string", "maxLength": 8}},
+                    "required": ["city"],
+                },
+            },
+        }
+    ]
+    text = '<tool_call>\n{"name": "get_weather", "arguments": {"city": ",\x19bb c"}}\n</tool_call>'
+    tokenizer_info = xgr.TokenizerInfo([chr(c) for c in range(0, 127)])
+    grammar = xgr.GrammarCompiler(tokenizer_info).compile_structural_tag(tool_call_grammar(tools, None, True))
+    matcher = xgr.GrammarMatcher(grammar, terminate_without_stop_token=True)
+    assert matcher.accept_string(text) and matcher.is_completed()  # the grammar lets it through
+    content, calls = parse_tool_calls(text)
+    assert not content
+    assert [(c.name, json.loads(c.arguments)) for c in calls] == [("get_weather", {"city": ",\x19bb c"})]
+    assert "\x19" not in calls[0].arguments  # escaped as \u0019
+
+
 def test_tools_and_tool_choice_are_checked():
     assert check_tools(TOOLS, {"type": "function", "function": {"name": "add"}}) == "add"
     with pytest.raises(ValueError, match="names no function"):
