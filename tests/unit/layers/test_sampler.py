@@ -13,6 +13,7 @@ from mmserve.layers.sampler import (
     Sampler,
     SamplingMetadata,
     apply_penalties_and_min_tokens,
+    inverse_cdf_draw,
     row_argmax,
     sampling_probs,
 )
@@ -99,12 +100,19 @@ def ref_probs(logits: torch.Tensor, row: Row) -> torch.Tensor:
 
 
 def ref_sample(logits: torch.Tensor, row: Row, generator: torch.Generator | None) -> int:
-    """Greedy argmax, or the exponential race with q drawn from `generator`."""
+    """Greedy argmax, or the first token whose running probability passes u · total, with u
+    drawn from `generator` (one float64 uniform), walked token by token."""
     penalised = ref_logits(logits, row)
     if row.temperature < 1e-5:
         return int(penalised.argmax())
-    q = torch.empty(len(logits)).exponential_(generator=generator)
-    return int((ref_probs(penalised, row) / q).argmax())
+    probs = ref_probs(penalised, row).tolist()
+    target = torch.rand(1, dtype=torch.float64, generator=generator).item() * math.fsum(probs)
+    running = 0.0
+    for token, p in enumerate(probs):
+        running += p
+        if p > 0 and running > target:
+            return token
+    return max(token for token, p in enumerate(probs) if p > 0)
 
 
 def random_rows(gen: torch.Generator, num_rows: int, *, greedy_fraction: float = 0.25) -> list[Row]:
@@ -349,14 +357,14 @@ def test_seeded_request_samples_the_same_tokens_at_any_row_of_any_batch() -> Non
 
 def test_top_k_top_p_min_p_keep_at_least_the_best_token() -> None:
     gen = torch.Generator().manual_seed(8)
-    logits = torch.randn(4, VOCAB, generator=gen)
+    logits = torch.randn(5, VOCAB, generator=gen)
     metadata = SamplingMetadata(
-        temperature=torch.ones(4),
+        temperature=torch.ones(5),
         all_greedy=False,
         all_random=True,
-        top_k=torch.tensor([1, 0, 1, VOCAB + 10]),
-        top_p=torch.tensor([1.0, 1e-9, 1e-9, 1e-9]),
-        min_p=torch.tensor([0.0, 1.0, 1.0, 0.0]),
+        top_k=torch.tensor([1, 0, 1, VOCAB + 10, 0]),
+        top_p=torch.tensor([1.0, 1e-9, 1e-9, 1e-9, 1e-300]),  # 1e-300 is 0 in float32
+        min_p=torch.tensor([0.0, 1.0, 1.0, 0.0, 0.0]),
     )
     probs = sampling_probs(logits, metadata)
     assert torch.equal(probs, torch.nn.functional.one_hot(logits.argmax(-1), VOCAB).float())
@@ -397,6 +405,34 @@ def test_extreme_logits_give_no_nan(dtype: torch.dtype, temperature: float) -> N
     processed = apply_penalties_and_min_tokens(logits, metadata)
     assert torch.isfinite(processed.gather(1, out.sampled_token_ids[:, None])).all()
     assert out.logprobs_tensors is not None and not out.logprobs_tensors.logprobs.isnan().any()
+
+
+def test_infinite_logits_share_the_probability_and_win_every_draw() -> None:
+    """A +inf logit (repetition_penalty 1e-300 divides a positive logit into one) takes all the
+    probability, split evenly among a row's +inf tokens; no NaN reaches the draw."""
+    logits = torch.randn(4, VOCAB, generator=torch.Generator().manual_seed(12))
+    logits[0, 5] = math.inf
+    logits[1, [3, 40]] = math.inf
+    logits[2, 7] = -math.inf  # finite maximum: the usual distribution
+    logits[3, :] = -math.inf
+    logits[3, 9] = math.inf
+    metadata = SamplingMetadata(temperature=torch.ones(4), all_greedy=False, all_random=True)
+    probs = sampling_probs(logits, metadata)
+    assert not probs.isnan().any()
+    assert probs[0, 5] == 1 and probs[1, [3, 40]].tolist() == [0.5, 0.5] and probs[3, 9] == 1
+    assert probs[2, 7] == 0 and (probs[2] > 0).sum() == VOCAB - 1
+    torch.manual_seed(0)
+    for _ in range(50):
+        drawn = Sampler()(logits, metadata).sampled_token_ids.tolist()
+        assert drawn[0] == 5 and drawn[1] in (3, 40) and drawn[3] == 9 and drawn[2] != 7
+
+
+@pytest.mark.parametrize(("u", "expected"), [(0.0, [1, 0]), (0.5, [2, 1]), (1.0, [2, 1])])
+def test_draw_never_lands_on_a_token_of_probability_zero(monkeypatch, u: float, expected: list[int]) -> None:
+    """u = 0 and u · total = total (what rounding can give for u just under 1) are the edges."""
+    probs = torch.tensor([[0.0, 0.3, 0.7, 0.0], [0.4, 0.6, 0.0, 0.0]])
+    monkeypatch.setattr(torch, "rand", lambda *shape, **kwargs: torch.full(shape, u, dtype=torch.float64))
+    assert inverse_cdf_draw(probs, {}).tolist() == expected
 
 
 @pytest.mark.parametrize("only", ["frequency", "min_tokens", "everything"])
