@@ -4,8 +4,8 @@ Order (vLLM V1): penalties and min_tokens change the logits, then the token cons
 (logit_bias, allowed_token_ids, bad words, the structured-output grammar's bitmask); greedy
 rows take their argmax; random rows divide by temperature, then apply min_p, top-k, top-p and
 draw by inverting their cumulative distribution at one uniform number each, which needs no host
-synchronisation. Logprobs, when asked for,
-come from the raw logits. The input logits are never modified. Shapes: B = batch rows, V = vocabulary size.
+synchronisation. Logprobs, when asked for, come from the raw logits. The input logits are never
+modified. Shapes: B = batch rows, V = vocabulary size.
 """
 
 from __future__ import annotations
@@ -244,8 +244,8 @@ def inverse_cdf_draw(probs: torch.Tensor, generators: dict[int, torch.Generator]
 
     One random number and one cumulative sum a row: the exponential race (argmax(probs / q), q ~
     Exponential(1) per token, what vLLM runs on GPUs) drew V numbers a row, and torch's CPU
-    exponential_ took 2 ms a step for 8 rows of a 12k vocabulary and 27 ms for Qwen2's 152k,
-    against 0.08 and 0.9 ms here (BENCHMARKS.md, "Random sampling"). Nothing waits for the host.
+    exponential_ took 2.2 ms a step for 8 rows of a 12k vocabulary and 25 ms for Qwen2's 152k,
+    against 0.13 and 0.8 ms here (BENCHMARKS.md, "Zen 4, stop 37"). Nothing waits for the host.
     A token of probability 0 never wins: its interval [cdf[i-1], cdf[i]) is empty.
     """
     cdf = probs.to(torch.float64).cumsum_(dim=-1)  # [B, V], non-decreasing
