@@ -38,6 +38,7 @@ logger = logging.getLogger("mmserve.http")
 
 _SHUTDOWN_MARGIN_S = 3.0  # after the drain deadline, for the last error events to go out
 MAX_HEADER_BYTES = 32 << 10  # a request line and headers (nginx's default buffers hold 32 KiB)
+LINGER_S = 2.0  # how long a connection answered with an error still reads what the client sends
 
 
 @dataclass(frozen=True)
@@ -58,6 +59,7 @@ class GuardedH11Protocol(H11Protocol):
         self._header_timer: asyncio.TimerHandle | None = None
         self._read_timer: asyncio.TimerHandle | None = None
         self._header_bytes = 0  # of the request whose headers are arriving
+        self._lingering = False  # answered with an error: reading only to drop, then closing
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -73,6 +75,8 @@ class GuardedH11Protocol(H11Protocol):
         self._arm_header_timer()
 
     def data_received(self, data: bytes) -> None:
+        if self._lingering:
+            return
         if self.conn.their_state is h11.IDLE and not self._headers_fit(data):
             self._write_error_and_close(431, f"the request headers exceed {MAX_HEADER_BYTES:,} bytes")
             return
@@ -142,14 +146,25 @@ class GuardedH11Protocol(H11Protocol):
             self.transport.close()  # the app then sees the client disconnect
 
     def _write_error_and_close(self, status: int, message: str) -> None:
-        """Written past h11 (its state may not allow a response now); the connection ends."""
+        """Written past h11 (its state may not allow a response now); the connection ends with
+        a lingering close, as nginx's: the answer, then end of our side (FIN), then what the
+        client still sends is read and dropped until it closes or `LINGER_S` passes. Closing at
+        once with bytes of the client's unread makes the kernel reset the connection, and the
+        client's read of the answer then fails."""
         body = json.dumps(error_body(status, message)).encode()
         head = (
             f"HTTP/1.1 {status} {_REASONS[status]}\r\ncontent-type: application/json\r\n"
             f"content-length: {len(body)}\r\nconnection: close\r\n\r\n"
         )
         self.transport.write(head.encode() + body)
-        self.transport.close()
+        self._cancel_timers()
+        if not self.transport.can_write_eof():
+            self.transport.close()
+            return
+        self._lingering = True
+        self.flow.resume_reading()  # paused reading would leave the client's bytes unread
+        self.transport.write_eof()
+        self.loop.call_later(LINGER_S, self.transport.close)  # a no-op once the client closed
 
 
 _REASONS = {400: "Bad Request", 408: "Request Timeout", 431: "Request Header Fields Too Large"}
