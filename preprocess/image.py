@@ -1,8 +1,8 @@
 """Pure transforms: smart-resize geometry, bicubic resize, normalise and patchify.
 
-The result equals transformers' `Qwen2VLImageProcessorPil` bit for bit: the resize is the same
-Pillow call, and rescale+normalise is checked exhaustively against transformers' arithmetic
-(see `preprocess.normalise`), so no rounding differs.
+The result equals transformers' `Qwen2VLImageProcessorPil` bit for bit: the resize computes
+Pillow's integers (see `preprocess.resample`), and rescale+normalise is checked exhaustively
+against transformers' arithmetic (see `preprocess.normalise`), so no rounding differs.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from PIL import Image
 
 from preprocess.errors import EmptyImage, ExtremeAspectRatio
 from preprocess.normalise import normaliser
+from preprocess.resample import resize_bicubic
 from preprocess.settings import ProcessorSettings
 
 GridTHW = tuple[int, int, int]
@@ -67,12 +68,14 @@ def pixel_values_shape(grid: GridTHW, settings: ProcessorSettings) -> tuple[int,
     return grid[0] * grid[1] * grid[2], settings.patch_dim
 
 
-def resize_rgb(image: Image.Image, settings: ProcessorSettings) -> Image.Image:
-    """Bicubic resize to the smart-resize size (Pillow's C resampler, as transformers uses)."""
+def resize_rgb(image: Image.Image, settings: ProcessorSettings) -> np.ndarray:
+    """[H, W, 3] uint8 pixels of `image` bicubic-resized to the smart-resize size, equal to
+    Pillow's `Image.resize` (what transformers calls)."""
     height, width = smart_resize(image.height, image.width, settings)
+    pixels = np.asarray(image)
     if (width, height) == image.size:
-        return image  # Pillow would return a copy; the pixels are the same
-    return image.resize((width, height), Image.Resampling.BICUBIC)
+        return pixels  # Pillow would return a copy; the pixels are the same
+    return resize_bicubic(pixels, height, width)
 
 
 def patchify_into(rgb: np.ndarray, settings: ProcessorSettings, out: np.ndarray) -> None:
@@ -101,5 +104,5 @@ def process_rgb(
     resized = resize_rgb(rgb_image, settings)
     grid = grid_thw(rgb_image.height, rgb_image.width, settings)
     out = allocate(pixel_values_shape(grid, settings))
-    patchify_into(np.asarray(resized), settings, out)
+    patchify_into(resized, settings, out)
     return grid
