@@ -87,11 +87,12 @@ void pack_keys_values(const VarlenAttentionArgs& args, const attention::Sequence
   }
 }
 
-// Running state of a tile's rows: output sums [R][column_panels · 16], max and normaliser.
+// Running state of a tile's rows: output sums [R][column_panels · 16], max, and the normaliser
+// as 16 lane sums per row (added up once, at the end).
 struct TileState {
   float* out;
   float* max;
-  float* sum;
+  __m512* sum;
   int64_t out_stride;
 };
 
@@ -124,16 +125,18 @@ inline void block_scores(const BFloat16* const* q, const Packed& packed, const S
   }
 }
 
-// Scores into bfloat16 probabilities (probs[r][0..63], key order), updating max and sum; alpha[r]
-// is the factor e^(old max − new max) the row's output sums are rescaled by.
+// Scores into bfloat16 probabilities (probs[r][0..63], key order), updating max and the lane-wise
+// normaliser sums; alpha[r] is the factor e^(old max − new max) the row's output sums are rescaled
+// by: exactly 1 while the max stands (most blocks after the first few), so no exp is taken then.
 template <int R>
 inline void block_softmax(__m512 (&scores)[R][kScoreVecs], const TileState& state, BFloat16* probs,
                           float* alpha) {
   using Vec = at::vec::Vectorized<float>;
   for (int r = 0; r < R; ++r) {
     __m512 m = _mm512_max_ps(_mm512_max_ps(scores[r][0], scores[r][1]), _mm512_max_ps(scores[r][2], scores[r][3]));
-    const float new_max = std::max(state.max[r], _mm512_reduce_max_ps(m));
-    alpha[r] = std::exp(state.max[r] - new_max);  // 0 on the first block (max was −inf)
+    const float old_max = state.max[r];
+    const float new_max = std::max(old_max, _mm512_reduce_max_ps(m));
+    alpha[r] = new_max == old_max ? 1.f : std::exp(old_max - new_max);  // 0 on the first block
     const __m512 shift = _mm512_set1_ps(new_max);
     __m512 p[kScoreVecs];
     __m512 total = _mm512_setzero_ps();
@@ -141,7 +144,8 @@ inline void block_softmax(__m512 (&scores)[R][kScoreVecs], const TileState& stat
       p[t] = __m512(Vec(_mm512_sub_ps(scores[r][t], shift)).exp_u20());
       total = _mm512_add_ps(total, p[t]);
     }
-    state.sum[r] = state.sum[r] * alpha[r] + _mm512_reduce_add_ps(total);
+    state.sum[r] = alpha[r] == 1.f ? _mm512_add_ps(state.sum[r], total)
+                                   : _mm512_fmadd_ps(state.sum[r], _mm512_set1_ps(alpha[r]), total);
     state.max[r] = new_max;
     BFloat16* row = probs + r * kBlockKeys;
     for (int t = 0; t < kScoreVecs; t += 2)  // 32 probabilities, in order, per instruction
@@ -198,9 +202,10 @@ void attend_tile(const VarlenAttentionArgs& args, const attention::Sequence& seg
   const int64_t width = shape.column_panels * kLanes;
   alignas(64) float out_sums[R * kMaxHeadDim];
   std::fill(out_sums, out_sums + R * width, 0.f);
-  float max[R], sum[R], alpha[R];
+  float max[R], alpha[R];
+  __m512 sum[R];
   std::fill(max, max + R, -std::numeric_limits<float>::infinity());
-  std::fill(sum, sum + R, 0.f);
+  std::fill(sum, sum + R, _mm512_setzero_ps());
   const TileState state{out_sums, max, sum, width};
   alignas(64) BFloat16 probs[R * kBlockKeys];
   __m512 scores[R][kScoreVecs];
@@ -212,7 +217,7 @@ void attend_tile(const VarlenAttentionArgs& args, const attention::Sequence& seg
   for (int r = 0; r < R; ++r) {
     BFloat16* out = static_cast<BFloat16*>(args.out.data) + (segment.query_begin + first + r) * args.out.token_stride +
                     head * args.out.head_stride;
-    const float inverse = 1.f / sum[r];
+    const float inverse = 1.f / _mm512_reduce_add_ps(sum[r]);
     for (int64_t d = 0; d < shape.head_dim; ++d) out[d] = BFloat16(out_sums[r * width + d] * inverse);
   }
 }
