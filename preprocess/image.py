@@ -15,7 +15,7 @@ from PIL import Image
 
 from preprocess.errors import EmptyImage, ExtremeAspectRatio
 from preprocess.normalise import normaliser
-from preprocess.resample import resize_bicubic
+from preprocess.resample import resize_image
 from preprocess.settings import ProcessorSettings
 
 GridTHW = tuple[int, int, int]
@@ -72,10 +72,9 @@ def resize_rgb(image: Image.Image, settings: ProcessorSettings) -> np.ndarray:
     """[H, W, 3] uint8 pixels of `image` bicubic-resized to the smart-resize size, equal to
     Pillow's `Image.resize` (what transformers calls)."""
     height, width = smart_resize(image.height, image.width, settings)
-    pixels = np.asarray(image)
     if (width, height) == image.size:
-        return pixels  # Pillow would return a copy; the pixels are the same
-    return resize_bicubic(pixels, height, width)
+        return np.asarray(image)  # Pillow would return a copy; the pixels are the same
+    return resize_image(image, height, width)
 
 
 def patchify_into(rgb: np.ndarray, settings: ProcessorSettings, out: np.ndarray) -> None:

@@ -1,6 +1,7 @@
 """The compiled bicubic resize against Pillow, its reference: the same uint8 pixels, bit for bit,
 over random geometries (both pass orders, upscaling, one pass alone, 1-pixel sides) and content
-that drives the cubic's overshoot into the clamp at 0 and 255."""
+that drives the cubic's overshoot into the clamp at 0 and 255, from packed RGB arrays and from
+Pillow's own RGBX rows."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from PIL import Image
 
 from preprocess import native, resample
 from preprocess.native import NativeBuildError
@@ -55,6 +57,25 @@ def test_large_downscale_gives_pillows_pixels(compiled: resample.ResizeKernel) -
     np.testing.assert_array_equal(compiled(rgb, 392, 518), resample.pillow_resize(rgb, 392, 518))
 
 
+def test_pillows_own_rows_give_pillows_pixels(compiled: resample.ResizeKernel) -> None:
+    """`resize_image` reads a decoded image's RGBX rows in place."""
+    rng = np.random.default_rng(17)
+    for _ in range(200):
+        in_h, in_w, out_h, out_w = (int(v) for v in rng.integers(1, 140, 4))
+        image = Image.fromarray(_content(rng, (in_h, in_w)), "RGB")
+        assert resample.rgbx_address(image) is not None
+        expected = np.asarray(image.resize((out_w, out_h), Image.Resampling.BICUBIC))
+        np.testing.assert_array_equal(resample.resize_image(image, out_h, out_w), expected)
+
+
+def test_an_image_pillow_keeps_in_pieces_is_copied_out_first(compiled: resample.ResizeKernel) -> None:
+    """Over Pillow's 16 MB block its rows are not one piece: the packed copy is resized instead."""
+    image = Image.fromarray(_content(np.random.default_rng(4), (1800, 2400)), "RGB")
+    assert resample.rgbx_address(image) is None
+    expected = np.asarray(image.resize((700, 525), Image.Resampling.BICUBIC))
+    np.testing.assert_array_equal(resample.resize_image(image, 525, 700), expected)
+
+
 def test_a_view_with_strides_is_resized_as_its_pixels(compiled: resample.ResizeKernel) -> None:
     rgb = _content(np.random.default_rng(2), (90, 120))[::2, 1::3]
     expected = resample.pillow_resize(np.ascontiguousarray(rgb), 17, 29)
@@ -83,7 +104,7 @@ def test_without_a_compiler_pillow_does_the_resize(
         assert "falls back to Pillow" in caplog.text
         rgb = _content(np.random.default_rng(3), (40, 50))
         expected = resample.pillow_resize(rgb, 11, 13)
-        np.testing.assert_array_equal(resample.resize_bicubic(rgb, 11, 13), expected)
+        np.testing.assert_array_equal(resample.resize_image(Image.fromarray(rgb), 11, 13), expected)
     finally:
         resample.kernel.cache_clear()
 
@@ -93,6 +114,8 @@ def test_bad_shapes_are_refused(compiled: resample.ResizeKernel) -> None:
         compiled(np.zeros((4, 4, 3), np.float32), 2, 2)
     with pytest.raises(ValueError, match="empty side"):
         compiled(np.zeros((4, 4, 3), np.uint8), 0, 2)
+    with pytest.raises(MemoryError, match="status -2"):  # only RGB and RGBX sources exist
+        compiled.from_address(np.zeros(8, np.uint8).ctypes.data, 1, 4, 2, 1, 2)
 
 
 def test_no_read_past_the_last_byte() -> None:
@@ -111,11 +134,15 @@ def test_no_read_past_the_last_byte() -> None:
         libc = ctypes.CDLL(None)
         base = ctypes.addressof(ctypes.c_char.from_buffer(arena))
         assert libc.mprotect(ctypes.c_void_p(base + page), page, 0) == 0  # PROT_NONE
-        for in_h, in_w, out_h, out_w in [(7, 31, 7, 9), (7, 31, 3, 9), (40, 23, 3, 20), (1, 600, 1, 37)]:
-            size = in_h * in_w * 3
-            rgb = np.frombuffer(arena, np.uint8, size, page - size).reshape(in_h, in_w, 3)
-            rgb[...] = np.random.default_rng(size).integers(0, 256, rgb.shape, dtype=np.uint8)
-            assert np.array_equal(kernel(rgb, out_h, out_w), resample.pillow_resize(rgb.copy(), out_h, out_w))
+        geometries = [(7, 31, 7, 9), (7, 31, 3, 9), (40, 23, 3, 20), (1, 600, 1, 37), (9, 7, 2, 9)]
+        for in_h, in_w, out_h, out_w in geometries:
+            for pixel_bytes in (3, 4):
+                size = in_h * in_w * pixel_bytes
+                pixels = np.frombuffer(arena, np.uint8, size, page - size).reshape(in_h, in_w, pixel_bytes)
+                pixels[...] = np.random.default_rng(size).integers(0, 256, pixels.shape, dtype=np.uint8)
+                rgb = np.ascontiguousarray(pixels[..., :3])
+                got = kernel.from_address(pixels.ctypes.data, in_h, in_w, pixel_bytes, out_h, out_w)
+                assert np.array_equal(got, resample.pillow_resize(rgb, out_h, out_w))
         print("ok")
         """
     )
