@@ -167,7 +167,11 @@ class ModelRunner:
         for f in features:
             if f.pixel_values is None:
                 raise RuntimeError(f"image {f.mm_hash} is scheduled for encoding but has no pixels")
-        pixels = to_device(np.concatenate([f.pixel_values for f in features]), self.device)
+        arrays = [f.pixel_values for f in features]
+        # One image (the usual step) is used as it is: a concatenated copy would cost a pass over
+        # its pixels and the page faults of a fresh array. torch wants writable memory.
+        single = len(arrays) == 1 and arrays[0].flags.writeable
+        pixels = to_device(arrays[0] if single else np.concatenate(arrays), self.device)
         embeddings = self.model.encode_images(pixels, [f.grid_thw for f in features])
         self.num_encoder_calls += 1
         for feature, emb in zip(features, embeddings, strict=True):
