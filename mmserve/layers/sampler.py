@@ -205,8 +205,10 @@ def sampling_probs(logits: torch.Tensor, metadata: SamplingMetadata) -> torch.Te
     # temperature, and makes exp(logit) the probability relative to the top token. A row whose
     # max is +inf (repetition_penalty 1e-300 divides a positive logit into one) gets inf - inf
     # = NaN at its +inf tokens: those become 0, the rest are -inf, so they share the row.
-    logits = (logits - logits.amax(dim=-1, keepdim=True)) / temperature[:, None]
-    logits.masked_fill_(logits.isnan(), 0.0)
+    logits = logits - logits.amax(dim=-1, keepdim=True)  # a new tensor: the caller's stays as it is
+    logits.div_(temperature[:, None])
+    # nan_to_num_ is one vectorised pass (masked_fill_ of isnan took 1.6 ms for 8 rows of 152k)
+    logits.nan_to_num_(nan=0.0, posinf=math.inf, neginf=-math.inf)
     if metadata.min_p is not None:
         # p / p_max < min_p  <=>  logit < log(min_p), since the max logit is 0.
         logits.masked_fill_(logits < metadata.min_p.log()[:, None], -math.inf)
