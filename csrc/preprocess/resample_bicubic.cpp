@@ -3,8 +3,9 @@
 //
 // Pillow's algorithm, kept to the bit: per axis, a table of double weights (Keys' cubic with
 // a = -0.5, support widened by the downscale factor, each output's weights normalised to sum 1)
-// rounded to signed 22-bit fixed point; a horizontal pass over the input rows the vertical pass
-// will read, rounded and clamped to uint8, then a vertical pass. Integer sums are exact whatever
+// rounded to signed 22-bit fixed point; two passes, each rounded and clamped to uint8: horizontal
+// (over the input rows the vertical pass will read) then vertical, or the other way round where
+// the Pillow in use does that (`vertical_first`). Integer sums are exact whatever
 // their order, so vectorising them changes nothing; the double weights are computed in Pillow's
 // order of operations, and the build uses -ffp-contract=off so that no FMA rounds differently.
 //
@@ -37,7 +38,6 @@ constexpr int kLanes = 16;
 constexpr int taps_per_vector(int pixel_bytes) { return kLanes / pixel_bytes; }
 
 typedef int32_t Lanes __attribute__((vector_size(kLanes * sizeof(int32_t))));
-typedef uint8_t Bytes __attribute__((vector_size(kLanes)));
 
 double bicubic_filter(double x) {
   constexpr double a = -0.5;
