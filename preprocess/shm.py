@@ -22,10 +22,12 @@ share with the pool: if the pool process dies abruptly, the tracker unlinks what
 from __future__ import annotations
 
 import _posixshmem
+import contextlib
 import ctypes
 import mmap
 import os
 import weakref
+from collections.abc import Iterator
 from dataclasses import dataclass
 from multiprocessing import resource_tracker
 
@@ -73,10 +75,11 @@ def segment_size(nbytes: int) -> int:
     return -(-nbytes // quarter) * quarter
 
 
-def map_writable(handle: ShmHandle, segment_bytes: int, *, create: bool) -> np.ndarray:
-    """A writable view of `handle`'s pixels, in a new segment of `segment_bytes` (`create`)
-    or in an existing one of at least that size. The caller must `unlink` a segment it
-    created if it cannot hand the handle on."""
+@contextlib.contextmanager
+def _writable_segment(handle: ShmHandle, segment_bytes: int, create: bool) -> Iterator[int]:
+    """A read-write descriptor of `handle`'s segment for the block: a new one of `segment_bytes`
+    (`create`, registered with the resource tracker) or an existing one of at least
+    `handle.nbytes`. A segment created here is unlinked again if the block raises."""
     path = "/" + handle.shm_name
     fd = _posixshmem.shm_open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR if create else os.O_RDWR, mode=0o600)
     try:
@@ -86,15 +89,23 @@ def map_writable(handle: ShmHandle, segment_bytes: int, *, create: bool) -> np.n
         # Writing past the end of the segment would be a SIGBUS, not an exception.
         if os.fstat(fd).st_size < handle.nbytes:
             raise ValueError(f"segment {handle.shm_name} is smaller than the {handle.nbytes} bytes needed")
-        # MAP_POPULATE maps every page in one call rather than one fault per page: the whole
-        # array is written next anyway.
-        buffer = mmap.mmap(fd, handle.nbytes, flags=mmap.MAP_SHARED | mmap.MAP_POPULATE)
+        yield fd
     except BaseException:
         if create:
             unlink(handle.shm_name)
         raise
     finally:
         os.close(fd)
+
+
+def map_writable(handle: ShmHandle, segment_bytes: int, *, create: bool) -> np.ndarray:
+    """A writable view of `handle`'s pixels, in a new segment of `segment_bytes` (`create`)
+    or in an existing one of at least that size. The caller must `unlink` a segment it
+    created if it cannot hand the handle on."""
+    with _writable_segment(handle, segment_bytes, create) as fd:
+        # MAP_POPULATE maps every page in one call rather than one fault per page: the whole
+        # array is written next anyway.
+        buffer = mmap.mmap(fd, handle.nbytes, flags=mmap.MAP_SHARED | mmap.MAP_POPULATE)
     return np.frombuffer(buffer, dtype=handle.dtype).reshape(handle.shape)
 
 
@@ -109,24 +120,11 @@ def write_segment(handle: ShmHandle, segment_bytes: int, pixels: np.ndarray, *, 
     created and could not fill, it unlinks itself."""
     if not pixels.flags.c_contiguous or pixels.nbytes != handle.nbytes:
         raise ValueError(f"expected {handle.nbytes} C-contiguous bytes for {handle.shm_name}")
-    path = "/" + handle.shm_name
-    fd = _posixshmem.shm_open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR if create else os.O_RDWR, mode=0o600)
-    try:
-        if create:
-            resource_tracker.register(path, "shared_memory")
-            os.ftruncate(fd, segment_bytes)
-        if os.fstat(fd).st_size < handle.nbytes:
-            raise ValueError(f"segment {handle.shm_name} is smaller than the {handle.nbytes} bytes needed")
+    with _writable_segment(handle, segment_bytes, create) as fd:
         data = memoryview(pixels).cast("B")
         done = 0
         while done < len(data):
             done += os.pwrite(fd, data[done:], done)
-    except BaseException:
-        if create:
-            unlink(handle.shm_name)
-        raise
-    finally:
-        os.close(fd)
 
 
 def attach(handle: ShmHandle) -> np.ndarray:
