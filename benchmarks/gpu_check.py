@@ -19,11 +19,9 @@ the same run; decode steps of the mid model and of the 2B-shaped Qwen2-VL at bat
 against the HBM floor, graphs on and off; a prefill step against the matmul ceiling; offline
 VisionArena-style throughput of the mid model.
 
-Expected runtime on one H200: about 5 to 6 minutes (an estimate from the work, not measured:
-no GPU was lent while this was written): checkpoints ~40 s (the 2B one, 1.8B parameters, is
-generated on first use), correctness ~90 s (Triton JIT, two compiles, graph capture of the tiny
-model), timings ~180 s (+40 s where flash-attn is installed). A timing section that would start
-after --budget-s (default 420 s) is skipped and says so, so the whole run fits 8 minutes.
+Runtime on one H200 (stop 39, without flash-attn): 188 s, the first run on a bare machine
+(checkpoints generated, Triton JIT): correctness 75 s, timings 113 s. A timing section that
+would start after --budget-s (default 420 s) is skipped and says so.
 Without CUDA and without --cpu it exits with status 2 and says why.
 """
 
