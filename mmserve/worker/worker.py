@@ -18,6 +18,7 @@ from mmserve.config import CacheConfig, ExecutionConfig, ModelConfig, ParallelCo
 from mmserve.core.sched_output import ModelRunnerOutput, SchedulerOutput
 from mmserve.distributed.parallel_state import DistributedInit, get_tp_group, init_tensor_parallel
 from mmserve.layers.packed_weights import weight_bytes
+from mmserve.worker.cpu_memory import keep_freed_memory
 from mmserve.worker.cpu_threads import configure_cpu_threads
 from mmserve.worker.model_runner import ModelRunner
 
@@ -52,6 +53,7 @@ class Worker:
             # the ranks of one machine share its cores
             threads = execution_config.num_threads or envs.num_threads()
             configure_cpu_threads(execution_config.cpu_threads_bind, threads, self.rank, self.world_size)
+            keep_freed_memory()  # before the model loads: activations then reuse freed pages
         torch.manual_seed(seed)  # the same on every rank: random sampling draws alike
         self.cache_config = cache_config
         self.max_blocks_useful = scheduler_config.max_num_seqs * -(
