@@ -25,7 +25,6 @@
 #include "kernels.h"
 
 #if defined(CPU_CAPABILITY_AVX512) && defined(MMSERVE_BF16_DOT)
-#include <ATen/cpu/vec/vec.h>
 #include <immintrin.h>
 
 namespace mmserve {
@@ -39,6 +38,7 @@ constexpr int kTileRows = 6;                    // 24 score accumulators of the 
 constexpr int kMaxOutputPanels = 4;             // output column panels accumulated at once
 constexpr int64_t kMaxHeadDim = 256;
 constexpr int64_t kTaskRows = 48;
+constexpr float kLog2E = 1.4426950408889634f;
 
 inline int32_t load_pair(const BFloat16* x) {
   int32_t pair;
@@ -96,7 +96,26 @@ struct TileState {
   int64_t out_stride;
 };
 
-// scores[r][·] of R query rows against keys [block, block + 64), scaled, padding at −inf.
+// 2^x for x ≤ 0, and 0 below 2^−126 (so −inf and NaN give 0): 2^n · 2^f with n = round(x) and
+// f = x − n in [−½, ½], 2^f by its Taylor polynomial of degree 6 (relative error under 1.2e-7 before
+// rounding), 2^n applied by vscalefps. 11 instructions where ATen's exp_u20 and the subtraction and
+// scaling before it take 21; the probabilities are rounded to bfloat16 afterwards anyway.
+inline __m512 exp2_nonpositive(__m512 x) {
+  const __m512 n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m512 f = _mm512_sub_ps(x, n);
+  __m512 p = _mm512_set1_ps(1.5403530393381606e-4f);  // ln(2)^k / k!, k = 6 .. 0
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.3333558146428443e-3f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.618129107628477e-3f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.550410866482158e-2f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.2402265069591007f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.6931471805599453f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.f));
+  const __mmask16 representable = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-126.f), _CMP_GE_OQ);
+  return _mm512_maskz_scalef_ps(representable, p, n);
+}
+
+// scores[r][·] of R query rows against keys [block, block + 64), in base-2 units (scaled by
+// scale · log2 e, so that e^(s − max) is 2^(s₂ − max₂)), padding at −inf.
 template <int R>
 inline void block_scores(const BFloat16* const* q, const Packed& packed, const Shape& shape, int64_t block,
                          int64_t num_keys, float scale, __m512 (&scores)[R][kScoreVecs]) {
@@ -114,7 +133,7 @@ inline void block_scores(const BFloat16* const* q, const Packed& packed, const S
       for (int t = 0; t < kScoreVecs; ++t) scores[r][t] = _mm512_dpbf16_ps(scores[r][t], pair, k[t]);
     }
   }
-  const __m512 factor = _mm512_set1_ps(scale);
+  const __m512 factor = _mm512_set1_ps(scale * kLog2E);
   const __m512 minus_inf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
   for (int t = 0; t < kScoreVecs; ++t) {
     const int64_t first = block + t * kLanes;
@@ -125,26 +144,27 @@ inline void block_scores(const BFloat16* const* q, const Packed& packed, const S
   }
 }
 
-// Scores into bfloat16 probabilities (probs[r][0..63], key order), updating max and the lane-wise
-// normaliser sums; alpha[r] is the factor e^(old max − new max) the row's output sums are rescaled
-// by: exactly 1 while the max stands (most blocks after the first few), so no exp is taken then.
+// Scores (base 2) into bfloat16 probabilities (probs[r][0..63], key order), updating max and the
+// lane-wise normaliser sums; alpha[r] is the factor 2^(old max − new max) the row's output sums are
+// rescaled by: exactly 1 while the max stands (most blocks after the first few), so neither the
+// max's horizontal reduction nor an exponential is computed then.
 template <int R>
 inline void block_softmax(__m512 (&scores)[R][kScoreVecs], const TileState& state, BFloat16* probs,
                           float* alpha) {
-  using Vec = at::vec::Vectorized<float>;
   for (int r = 0; r < R; ++r) {
     __m512 m = _mm512_max_ps(_mm512_max_ps(scores[r][0], scores[r][1]), _mm512_max_ps(scores[r][2], scores[r][3]));
     const float old_max = state.max[r];
-    const float new_max = std::max(old_max, _mm512_reduce_max_ps(m));
-    alpha[r] = new_max == old_max ? 1.f : std::exp(old_max - new_max);  // 0 on the first block
+    const bool max_rises = _mm512_cmp_ps_mask(m, _mm512_set1_ps(old_max), _CMP_GT_OQ) != 0;
+    const float new_max = max_rises ? _mm512_reduce_max_ps(m) : old_max;
+    alpha[r] = max_rises ? std::exp2(old_max - new_max) : 1.f;  // 0 on the first block
     const __m512 shift = _mm512_set1_ps(new_max);
     __m512 p[kScoreVecs];
     __m512 total = _mm512_setzero_ps();
     for (int t = 0; t < kScoreVecs; ++t) {
-      p[t] = __m512(Vec(_mm512_sub_ps(scores[r][t], shift)).exp_u20());
+      p[t] = exp2_nonpositive(_mm512_sub_ps(scores[r][t], shift));
       total = _mm512_add_ps(total, p[t]);
     }
-    state.sum[r] = alpha[r] == 1.f ? _mm512_add_ps(state.sum[r], total)
+    state.sum[r] = !max_rises ? _mm512_add_ps(state.sum[r], total)
                                    : _mm512_fmadd_ps(state.sum[r], _mm512_set1_ps(alpha[r]), total);
     state.max[r] = new_max;
     BFloat16* row = probs + r * kBlockKeys;

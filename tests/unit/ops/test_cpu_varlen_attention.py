@@ -77,3 +77,17 @@ def test_bfloat16_segments_across_key_blocks_match_reference(num_heads, head_dim
     q, k, v = qkv.unbind(1)
     got = cpu.varlen_attention(q, k, v, bounds, head_dim**-0.5)
     assert_within_bfloat16_resolution(got, q, k, v, bounds, head_dim**-0.5)
+
+
+@pytest.mark.parametrize("sharpness", [4.0, 30.0])
+def test_bfloat16_sharp_attention_matches_reference(sharpness):
+    """Scores spread over hundreds: most probabilities underflow to 0 (the dot path's 2^x flushes
+    below 2^-126), and a row's max keeps rising across key blocks (keys sorted by their score)."""
+    generator = torch.Generator().manual_seed(int(sharpness))
+    bounds = [0, 300, 1000]
+    q, k, v = (torch.randn(bounds[-1], 2, 64, generator=generator) for _ in range(3))
+    q = q * sharpness
+    k = k[k[:, :, 0].argsort(dim=0)[:, 0]]  # rising q·k along the keys for rows with q[0] > 0
+    q, k, v = q.bfloat16(), k.bfloat16(), v.bfloat16()
+    got = cpu.varlen_attention(q, k, v, bounds, 64**-0.5)
+    assert_within_bfloat16_resolution(got, q, k, v, bounds, 64**-0.5)
