@@ -9,8 +9,10 @@ a vision tower's are large: for a 1024×768 image the mid model's MLP output alo
 (BENCHMARKS.md, "Zen 4, stop 39").
 
 `keep_freed_memory` turns malloc's mmap off (M_MMAP_MAX 0: every block comes from the heap) and
-stops it trimming the heap's top, so a freed activation is reused as it is, pages and all. That
-is what vLLM's CPU backend gets by preloading tcmalloc. The price is a caching allocator's: the
+stops it trimming the heap's top, so freed activations are reused, pages and all (a block of
+exactly a request's size may still be passed over: torch asks for aligned blocks, which glibc
+serves from a slightly larger free one, so the heap can grow by an activation before freed
+neighbours coalesce). That is what vLLM's CPU backend gets by preloading tcmalloc. The price is a caching allocator's: the
 heap stays at its high-water mark. Where the user set malloc's variables (`MALLOC_*_` or a
 `glibc.malloc` tunable), or the C library is not glibc, nothing changes.
 """
