@@ -12,9 +12,10 @@ a vision tower's are large: for a 1024×768 image the mid model's MLP output alo
 stops it trimming the heap's top, so freed activations are reused, pages and all (a block of
 exactly a request's size may still be passed over: torch asks for aligned blocks, which glibc
 serves from a slightly larger free one, so the heap can grow by an activation before freed
-neighbours coalesce). That is what vLLM's CPU backend gets by preloading tcmalloc. The price is a caching allocator's: the
-heap stays at its high-water mark. Where the user set malloc's variables (`MALLOC_*_` or a
-`glibc.malloc` tunable), or the C library is not glibc, nothing changes.
+neighbours coalesce). That is what vLLM's CPU backend gets by preloading tcmalloc. The price is
+a caching allocator's: the heap stays at its high-water mark. Where the user set malloc's
+variables (`MALLOC_*_` or a `glibc.malloc` tunable), or the C library is not glibc, nothing
+changes.
 """
 
 from __future__ import annotations
