@@ -39,7 +39,8 @@ from PIL import Image, ImageOps
 
 from preprocess import PreprocessPool, ProcessorSettings
 from preprocess.decode import decode_rgb
-from preprocess.image import grid_thw, patchify_into, pixel_values_shape, resize_rgb
+from preprocess.image import grid_thw, pixel_values_shape, resize_rgb
+from preprocess.patchify import patchify_into
 
 
 def make_jpegs(count: int, width: int, height: int) -> list[bytes]:

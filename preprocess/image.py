@@ -14,7 +14,7 @@ import numpy as np
 from PIL import Image
 
 from preprocess.errors import EmptyImage, ExtremeAspectRatio
-from preprocess.normalise import normaliser
+from preprocess.patchify import patchify_into
 from preprocess.resample import resize_image
 from preprocess.settings import ProcessorSettings
 
@@ -75,23 +75,6 @@ def resize_rgb(image: Image.Image, settings: ProcessorSettings) -> np.ndarray:
     if (width, height) == image.size:
         return np.asarray(image)  # Pillow would return a copy; the pixels are the same
     return resize_image(image, height, width)
-
-
-def patchify_into(rgb: np.ndarray, settings: ProcessorSettings, out: np.ndarray) -> None:
-    """Write normalised patches of `rgb` [H, W, 3] uint8 into `out` [N, C·T·P·P] float32.
-
-    Row order is (block_h, block_w, merge_h, merge_w); column order is (C, T, P_h, P_w), with
-    the single frame repeated over T, as transformers lays them out. The transpose runs on
-    uint8 (4× less memory traffic than on floats), before normalising.
-    """
-    p, m, t = settings.patch_size, settings.merge_size, settings.temporal_patch_size
-    height, width, channels = rgb.shape
-    gh, gw = height // p, width // p
-    # [gh/m, m, p, gw/m, m, p, C] -> [gh/m, gw/m, m, m, C, p, p]
-    blocks = rgb.reshape(gh // m, m, p, gw // m, m, p, channels).transpose(0, 3, 1, 4, 6, 2, 5)
-    levels = np.ascontiguousarray(blocks).reshape(gh * gw, channels, p * p)  # [N, C, P·P] uint8
-    frame = normaliser(settings)(levels)  # [N, C, P·P] float32
-    out.reshape(gh * gw, channels, t, p * p)[:] = frame[:, :, None, :]  # repeat over T
 
 
 def process_rgb(

@@ -17,7 +17,7 @@ from multiprocessing.connection import Connection
 
 import numpy as np
 
-from preprocess import resample, shm
+from preprocess import patchify, resample, shm
 from preprocess.decode import ImageSource, decode_rgb
 from preprocess.errors import ImageError, PreprocessFailed
 from preprocess.hashing import pixels_digest
@@ -126,7 +126,8 @@ def worker_main(conn: Connection, settings: ProcessorSettings) -> None:
     # Ctrl-C belongs to the pool process, which shuts workers down in order.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     _set_process_name(b"mmserve-prep")
-    resample.kernel()  # build or load it now, so that no request waits for the compiler
+    resample.kernel()  # build or load them now, so that no request waits for the compiler
+    patchify.kernel()
     conn.send(WorkerReady(os.getpid()))
     while True:
         try:
