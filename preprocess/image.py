@@ -1,6 +1,7 @@
 """Pure transforms: smart-resize geometry, bicubic resize, normalise and patchify.
 
-The result equals transformers' `Qwen2VLImageProcessorPil` bit for bit: the resize computes
+The result equals transformers' `Qwen2VLImageProcessorPil` bit for bit, but for the frame being
+written once rather than repeated over T (`ProcessorSettings.frame_dim`): the resize computes
 Pillow's integers (see `preprocess.resample`), and rescale+normalise is checked exhaustively
 against transformers' arithmetic (see `preprocess.normalise`), so no rounding differs.
 """
@@ -64,8 +65,9 @@ def num_tokens(grid: GridTHW, settings: ProcessorSettings) -> int:
 
 
 def pixel_values_shape(grid: GridTHW, settings: ProcessorSettings) -> tuple[int, int]:
-    """`pixel_values` is [grid_t·grid_h·grid_w, C·T·P·P] float32."""
-    return grid[0] * grid[1] * grid[2], settings.patch_dim
+    """An image's pixels are [grid_t·grid_h·grid_w, C·P·P] float32: transformers'
+    `pixel_values` with the frame once, not repeated over T (`ProcessorSettings.frame_dim`)."""
+    return grid[0] * grid[1] * grid[2], settings.frame_dim
 
 
 def resize_rgb(image: Image.Image, settings: ProcessorSettings) -> np.ndarray:
@@ -82,7 +84,8 @@ def process_rgb(
     settings: ProcessorSettings,
     allocate: Callable[[tuple[int, int]], np.ndarray],
 ) -> GridTHW:
-    """Resize, normalise and patchify into a float32 array obtained from `allocate(shape)`."""
+    """Resize, normalise and patchify into a float32 array obtained from `allocate(shape)`
+    (`pixel_values_shape`: the frame once)."""
     resized = resize_rgb(rgb_image, settings)
     grid = grid_thw(rgb_image.height, rgb_image.width, settings)
     out = allocate(pixel_values_shape(grid, settings))

@@ -1,4 +1,5 @@
-"""Normalise and patchify a resized image into `pixel_values`, as transformers lays them out.
+"""Normalise and patchify a resized image into its pixels: transformers' `pixel_values` layout
+with the frame once (`ProcessorSettings.frame_dim`; transformers repeats it over T).
 
 `patchify_reference` is the numpy version; `csrc/preprocess/patchify.cpp` writes the same floats
 in one pass (a 768-entry lookup, no float arithmetic of its own), a few times faster and without
@@ -23,7 +24,7 @@ logger = logging.getLogger("preprocess")
 
 
 def _output_shape(height: int, width: int, settings: ProcessorSettings) -> tuple[int, int]:
-    return (height // settings.patch_size) * (width // settings.patch_size), settings.patch_dim
+    return (height // settings.patch_size) * (width // settings.patch_size), settings.frame_dim
 
 
 def _check_shapes(rgb: np.ndarray, settings: ProcessorSettings, out: np.ndarray) -> None:
@@ -37,20 +38,19 @@ def _check_shapes(rgb: np.ndarray, settings: ProcessorSettings, out: np.ndarray)
 
 
 def patchify_reference(rgb: np.ndarray, settings: ProcessorSettings, out: np.ndarray) -> None:
-    """Write normalised patches of `rgb` [H, W, 3] uint8 into `out` [N, C·T·P·P] float32.
+    """Write normalised patches of `rgb` [H, W, 3] uint8 into `out` [N, C·P·P] float32.
 
-    Row order is (block_h, block_w, merge_h, merge_w); column order is (C, T, P_h, P_w), with
-    the single frame repeated over T, as transformers lays them out. The transpose runs on
-    uint8 (4× less memory traffic than on floats), before normalising.
+    Row order is (block_h, block_w, merge_h, merge_w); column order is (C, P_h, P_w), as
+    transformers lays them out but for T. The transpose runs on uint8 (4× less memory traffic
+    than on floats), before normalising.
     """
-    p, m, t = settings.patch_size, settings.merge_size, settings.temporal_patch_size
+    p, m = settings.patch_size, settings.merge_size
     height, width, channels = rgb.shape
     gh, gw = height // p, width // p
     # [gh/m, m, p, gw/m, m, p, C] -> [gh/m, gw/m, m, m, C, p, p]
     blocks = rgb.reshape(gh // m, m, p, gw // m, m, p, channels).transpose(0, 3, 1, 4, 6, 2, 5)
     levels = np.ascontiguousarray(blocks).reshape(gh * gw, channels, p * p)  # [N, C, P·P] uint8
-    frame = normaliser(settings)(levels)  # [N, C, P·P] float32
-    out.reshape(gh * gw, channels, t, p * p)[:] = frame[:, :, None, :]  # repeat over T
+    out.reshape(gh * gw, channels, p * p)[:] = normaliser(settings)(levels)
 
 
 class PatchifyKernel:
@@ -59,7 +59,7 @@ class PatchifyKernel:
     def __init__(self, library: ctypes.CDLL) -> None:
         self._function = library.mmserve_patchify_rgb
         self._function.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_void_p]
-        self._function.argtypes += [ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_void_p]
+        self._function.argtypes += [ctypes.c_int, ctypes.c_int, ctypes.c_void_p]
         self._function.restype = ctypes.c_int
 
     def __call__(self, rgb: np.ndarray, settings: ProcessorSettings, out: np.ndarray) -> None:
@@ -73,7 +73,6 @@ class PatchifyKernel:
             table.ctypes.data,
             settings.patch_size,
             settings.merge_size,
-            settings.temporal_patch_size,
             out.ctypes.data,
         )
         if status != 0:

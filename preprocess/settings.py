@@ -69,8 +69,15 @@ class ProcessorSettings:
 
     @property
     def patch_dim(self) -> int:
-        """Width of one `pixel_values` row: C·T·P·P."""
+        """Width of one row of transformers' `pixel_values`: C·T·P·P."""
         return 3 * self.temporal_patch_size * self.patch_size * self.patch_size
+
+    @property
+    def frame_dim(self) -> int:
+        """Width of one row of an image's pixels as this package writes them: C·P·P, the frame
+        once. transformers repeats a still image's frame over T; the model does that on arrival
+        (`mmserve.layers.packed_weights.PatchProjection`), so half the bytes travel."""
+        return 3 * self.patch_size * self.patch_size
 
     @functools.cached_property
     def digest(self) -> bytes:

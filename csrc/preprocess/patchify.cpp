@@ -1,7 +1,6 @@
 // Normalise and patchify a resized RGB uint8 image into Qwen-VL's `pixel_values` layout in one
 // pass: what preprocess/patchify.py's numpy reference does with a strided transpose, a float
-// conversion, two divisions and a subtraction over the whole image, then a copy repeating the
-// frame over T.
+// conversion, two divisions and a subtraction over the whole image.
 //
 // The normalisation is a lookup: the result depends only on (channel, level), so the caller
 // passes the 768 float32 values transformers' arithmetic gives (preprocess/normalise.py), and
@@ -9,7 +8,6 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <cstring>
 
 namespace {
 
@@ -18,20 +16,18 @@ constexpr int kLevels = 256;
 
 }  // namespace
 
-// `rgb` [height, width, 3] uint8 -> `out` [N, 3, temporal, patch·patch] float32, N =
-// (height / patch)·(width / patch) rows in (block_h, block_w, merge_h, merge_w) order, the one
-// frame repeated over `temporal`; `table` [3, 256] float32 is the normalised value of each
-// (channel, level). Both sides must be multiples of patch·merge. Returns 0, or -2 for a geometry
-// that does not tile.
+// `rgb` [height, width, 3] uint8 -> `out` [N, 3, patch·patch] float32, N = (height / patch)·
+// (width / patch) rows in (block_h, block_w, merge_h, merge_w) order: transformers' layout with
+// the frame once (it repeats a still image's frame over T). `table` [3, 256] float32 is the
+// normalised value of each (channel, level). Both sides must be multiples of patch·merge.
+// Returns 0, or -2 for a geometry that does not tile.
 extern "C" int mmserve_patchify_rgb(const uint8_t* rgb, int height, int width, const float* table,
-                                    int patch, int merge, int temporal, float* out) {
+                                    int patch, int merge, float* out) {
   const int block = patch * merge;
-  if (patch < 1 || merge < 1 || temporal < 1 || height < block || width < block || height % block != 0 ||
+  if (patch < 1 || merge < 1 || height < block || width < block || height % block != 0 ||
       width % block != 0) {
     return -2;
   }
-  const size_t area = static_cast<size_t>(patch) * patch;
-  const size_t channel_floats = static_cast<size_t>(temporal) * area;
   const size_t row_stride = static_cast<size_t>(width) * kChannels;
   float* dst = out;
   for (int bh = 0; bh < height / block; ++bh) {
@@ -42,15 +38,12 @@ extern "C" int mmserve_patchify_rgb(const uint8_t* rgb, int height, int width, c
           const size_t x0 = static_cast<size_t>(bw * merge + mw) * patch;
           for (int c = 0; c < kChannels; ++c) {
             const float* lut = table + c * kLevels;
-            float* frame = dst + c * channel_floats;
             for (int ph = 0; ph < patch; ++ph) {
               const uint8_t* src = rgb + (y0 + ph) * row_stride + x0 * kChannels + c;
-              float* line = frame + static_cast<size_t>(ph) * patch;
-              for (int pw = 0; pw < patch; ++pw) line[pw] = lut[src[pw * kChannels]];
+              for (int pw = 0; pw < patch; ++pw) dst[pw] = lut[src[pw * kChannels]];
+              dst += patch;
             }
-            for (int t = 1; t < temporal; ++t) std::memcpy(frame + t * area, frame, area * sizeof(float));
           }
-          dst += kChannels * channel_floats;
         }
       }
     }

@@ -40,15 +40,27 @@ class PacksWeight:
 
 class PatchProjection(PacksWeight, nn.Module):
     """A Conv3d with stride = kernel as a matmul: weight [dim, C, T, P, P] (+ bias [dim]), the
-    checkpoint's layout; x: [patches, C·T·P·P] in any float dtype → [patches, dim]."""
+    checkpoint's layout; x: [patches, C·T·P·P] in any float dtype → [patches, dim].
+
+    x may also be [patches, C·P·P], one frame: a still image as the preprocessing pool writes it
+    (`preprocess.ProcessorSettings.frame_dim`). It is repeated over T here, after the cast to
+    the weight's dtype, which is what transformers' processor does before the model: the same
+    values meet the same weights, so the result is the same to the bit."""
 
     def __init__(self, dim: int, in_channels: int, kernel: tuple[int, int, int], bias: bool) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.empty(dim, in_channels, *kernel))
         self.bias = nn.Parameter(torch.empty(dim)) if bias else None
+        self.in_channels, self.temporal = in_channels, kernel[0]
+        self.frame_dim = in_channels * kernel[1] * kernel[2]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.matmul(x.to(self.weight_dtype), self.bias)
+        x = x.to(self.weight_dtype)
+        if x.shape[-1] == self.frame_dim and self.temporal > 1:
+            rows = x.shape[0]
+            frames = x.reshape(rows, self.in_channels, 1, -1).expand(-1, -1, self.temporal, -1)
+            x = frames.reshape(rows, self.frame_dim * self.temporal)  # [patches, C·T·P·P]
+        return self.matmul(x, self.bias)
 
 
 def pack_linear_weights(

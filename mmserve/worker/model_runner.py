@@ -24,6 +24,7 @@ from mmserve.distributed.parallel_state import get_tp_group
 from mmserve.distributed.partition import kv_heads_per_rank
 from mmserve.layers.attention import get_attention_backend
 from mmserve.layers.sampler import LogprobsTensors, Sampler, SamplingMetadata
+from mmserve.model_config import VisionConfig
 from mmserve.models.loader import load_model
 from mmserve.ops.huge_pages import zeros_on_huge_pages
 from mmserve.worker.compilation import compile_language_model
@@ -167,7 +168,7 @@ class ModelRunner:
         for f in features:
             if f.pixel_values is None:
                 raise RuntimeError(f"image {f.mm_hash} is scheduled for encoding but has no pixels")
-        arrays = [f.pixel_values for f in features]
+        arrays = one_width([f.pixel_values for f in features], self.model_config.vision)
         # One image (the usual step) is used as it is: a concatenated copy would cost a pass over
         # its pixels and the page faults of a fresh array. torch wants writable memory.
         single = len(arrays) == 1 and arrays[0].flags.writeable
@@ -251,3 +252,20 @@ def _logprobs_row(tensors: LogprobsTensors, i: int, k: int) -> LogprobsLists:
         logprobs=[tensors.logprobs[i, : k + 1].tolist()],
         sampled_ranks=[int(tensors.sampled_token_ranks[i])],
     )
+
+
+def one_width(arrays: list[np.ndarray], vision: VisionConfig) -> list[np.ndarray]:
+    """Pixel arrays that can be concatenated: where one step encodes still images (one frame per
+    row, C·P·P) with videos (C·T·P·P), the images' frames repeated over T, as the patch
+    projection would repeat them (it takes either width, not a mix)."""
+    widths = {a.shape[1] for a in arrays}
+    if len(widths) == 1:
+        return arrays
+    channels, temporal = vision.in_channels, vision.temporal_patch_size
+    frame_dim = channels * vision.patch_size**2
+    return [
+        np.repeat(a.reshape(a.shape[0], channels, 1, -1), temporal, axis=2).reshape(a.shape[0], -1)
+        if a.shape[1] == frame_dim
+        else a
+        for a in arrays
+    ]

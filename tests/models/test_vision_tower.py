@@ -41,6 +41,20 @@ def test_vision_tower_matches_transformers(towers, size):
 
 
 @torch.inference_mode()
+def test_one_frame_pixels_give_the_repeated_frames_embeddings_to_the_bit(towers):
+    """The preprocessing pool writes a still image's frame once ([N, C·P·P]); the patch
+    projection repeats it over T as transformers' processor does, so nothing differs."""
+    _, ours, processor = towers
+    inputs = processor(images=[synthetic_image(300, 200, seed=5)], return_tensors="pt")
+    grid = [tuple(g) for g in inputs["image_grid_thw"].tolist()]
+    rows, temporal = inputs["pixel_values"].shape[0], processor.temporal_patch_size
+    one_frame = inputs["pixel_values"].view(rows, 3, temporal, -1)[:, :, 0].reshape(rows, -1)
+    [want] = ours.encode_images(inputs["pixel_values"], grid)
+    [got] = ours.encode_images(one_frame, grid)
+    assert torch.equal(got, want)
+
+
+@torch.inference_mode()
 def test_several_images_in_one_call_equal_one_at_a_time(towers):
     """Images packed into one vision-tower call must not attend to each other."""
     _, ours, processor = towers

@@ -200,12 +200,17 @@ class Processors:
 
 
 def reference(image: bytes | Image.Image, hf: Qwen2VLImageProcessorPil) -> tuple[np.ndarray, np.ndarray]:
-    """transformers' output. Encoded bytes get `load_image`'s EXIF transpose first; the
-    processor's own `convert_to_rgb` then composites any alpha onto white."""
+    """transformers' output, its pixels with the frame once, as this package writes them
+    (`ProcessorSettings.frame_dim`), once its T copies are checked identical. Encoded bytes get
+    `load_image`'s EXIF transpose first; the processor's own `convert_to_rgb` then composites
+    any alpha onto white."""
     if isinstance(image, bytes):
         image = ImageOps.exif_transpose(Image.open(io.BytesIO(image)))
     out = hf(image, return_tensors="np")
-    return out["pixel_values"], out["image_grid_thw"]
+    rows = out["pixel_values"].shape[0]
+    frames = out["pixel_values"].reshape(rows, 3, hf.temporal_patch_size, -1)  # [N, C, T, P·P]
+    assert (frames == frames[:, :, :1]).all(), "transformers' frames of a still image differ"
+    return np.ascontiguousarray(frames[:, :, 0]).reshape(rows, -1), out["image_grid_thw"]
 
 
 def ours(image: bytes | Image.Image, settings: ProcessorSettings) -> tuple[np.ndarray, tuple[int, int, int]]:

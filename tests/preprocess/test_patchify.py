@@ -1,5 +1,5 @@
 """The compiled normalise-and-patchify against its numpy reference: the same float32 bits over
-random images, patch and merge sizes, temporal repeats and both normalisation paths (the exact
+random images, patch and merge sizes and both normalisation paths (the exact
 division and the lookup table); geometries that do not tile are refused."""
 
 from __future__ import annotations
@@ -24,7 +24,6 @@ def _random_settings(rng: np.random.Generator) -> ProcessorSettings:
     return ProcessorSettings(
         patch_size=int(rng.choice([2, 7, 14, 16])),
         merge_size=int(rng.integers(1, 4)),
-        temporal_patch_size=int(rng.integers(1, 4)),
         rescale_factor=1 / 255 if exact else float(rng.uniform(0.003, 0.005)),
         image_mean=tuple(float(v) for v in rng.uniform(0.3, 0.6, 3)),
         image_std=tuple(float(v) for v in rng.uniform(0.2, 0.3, 3)),
@@ -40,7 +39,7 @@ def test_random_images_give_the_references_floats(compiled: patchify.PatchifyKer
         block = settings.patch_size * settings.merge_size
         height, width = (int(v) * block for v in rng.integers(1, 5, 2))
         rgb = rng.integers(0, 256, (height, width, 3), dtype=np.uint8)
-        shape = ((height // settings.patch_size) * (width // settings.patch_size), settings.patch_dim)
+        shape = ((height // settings.patch_size) * (width // settings.patch_size), settings.frame_dim)
         expected, actual = np.empty(shape, np.float32), np.full(shape, np.nan, np.float32)
         patchify.patchify_reference(rgb, settings, expected)
         compiled(rgb, settings, actual)
@@ -53,8 +52,8 @@ def test_strided_source_gives_the_references_floats(compiled: patchify.PatchifyK
     settings = ProcessorSettings()
     rgb = np.random.default_rng(3).integers(0, 256, (56, 224, 3), dtype=np.uint8)[:, ::2]
     expected, actual = (
-        np.empty((4 * 8, settings.patch_dim), np.float32),
-        np.empty((32, settings.patch_dim), np.float32),
+        np.empty((4 * 8, settings.frame_dim), np.float32),
+        np.empty((32, settings.frame_dim), np.float32),
     )
     patchify.patchify_reference(rgb, settings, expected)
     compiled(rgb, settings, actual)
@@ -63,8 +62,8 @@ def test_strided_source_gives_the_references_floats(compiled: patchify.PatchifyK
 
 def test_geometry_that_does_not_tile_is_refused(compiled: patchify.PatchifyKernel) -> None:
     settings = ProcessorSettings()
-    out = np.empty((4, settings.patch_dim), np.float32)
+    out = np.empty((4, settings.frame_dim), np.float32)
     with pytest.raises(ValueError, match="multiples of 28"):
         compiled(np.zeros((28, 42, 3), np.uint8), settings, out)
     with pytest.raises(ValueError, match="float32 output"):
-        compiled(np.zeros((28, 28, 3), np.uint8), settings, np.empty((3, settings.patch_dim), np.float32))
+        compiled(np.zeros((28, 28, 3), np.uint8), settings, np.empty((3, settings.frame_dim), np.float32))

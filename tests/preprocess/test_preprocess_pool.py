@@ -109,8 +109,9 @@ def test_concurrent_identical_requests_compute_once(make_pool: MakePool) -> None
         r.release()
 
 
-# A 56×56 image: grid (1, 4, 4), 16 rows of 3·2·14·14 floats, in a segment rounded up to its size class.
-SMALL_SEGMENT_BYTES = segment_size(16 * 1176 * 4)
+# A 56×56 image: grid (1, 4, 4), 16 rows of 3·14·14 floats (the frame once), in a segment rounded
+# up to its size class.
+SMALL_SEGMENT_BYTES = segment_size(16 * 588 * 4)
 
 
 def test_lru_eviction_by_bytes_recomputes_the_evicted_image(make_pool: MakePool) -> None:
@@ -300,7 +301,7 @@ def test_close_fails_unfinished_requests_and_unlinks_every_segment(make_pool: Ma
         with pytest.raises(PreprocessPoolClosed, match="closed before this image was processed"):
             unfinished.result(30)
     assert list_segments(pool.segment_prefix) == []
-    assert held.pixel_values.shape == (16, 1176)  # mapped memory outlives the name
+    assert held.pixel_values.shape == (16, 588)  # mapped memory outlives the name
     held.release()
     with pytest.raises(PreprocessPoolClosed, match="the preprocess pool is closed"):
         pool.process(case_bytes("png_56x56"))
