@@ -20,9 +20,12 @@ import contextlib
 import os
 from collections.abc import Iterator
 
-# ~0.4 ms of spinning on Zen 4, against ~9 ms unset (`python -m benchmarks.openmp_spin`): spans
-# the gaps between the regions of one forward pass, not the Python between steps.
-SPIN_COUNT = 10_000
+# ~0.08 ms of spinning on Zen 4 (0.4–0.6 ms at 10,000, ~9 ms unset; `python -m
+# benchmarks.openmp_spin`): the gaps between one forward pass's regions of a large model, not the
+# Python between a small model's ops. 10,000 spun through those too: on 2 cores at concurrency 8,
+# 1,000 cut the engine's CPU per request by 14 % (tiny) and 15 % (mid) and served 1.03× / 1.09×
+# the requests (BENCHMARKS.md, "Zen 4, stop 40"); 0 (sleep at once) served 0.82×.
+SPIN_COUNT = 1_000
 
 _USER_SETTINGS = ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY")
 
