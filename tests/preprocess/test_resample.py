@@ -68,6 +68,14 @@ def test_pillows_own_rows_give_pillows_pixels(compiled: resample.ResizeKernel) -
         np.testing.assert_array_equal(resample.resize_image(image, out_h, out_w), expected)
 
 
+def test_a_photo_from_pillows_own_rows_gives_pillows_pixels(compiled: resample.ResizeKernel) -> None:
+    """The serving path: a photo-sized decoded image, its RGBX rows read in place."""
+    image = Image.fromarray(_content(np.random.default_rng(5), (1536, 2048)), "RGB")
+    assert resample.rgbx_address(image) is not None
+    expected = np.asarray(image.resize((518, 392), Image.Resampling.BICUBIC))
+    np.testing.assert_array_equal(resample.resize_image(image, 392, 518), expected)
+
+
 def test_an_image_pillow_keeps_in_pieces_is_copied_out_first(compiled: resample.ResizeKernel) -> None:
     """Over Pillow's 16 MB block its rows are not one piece: the packed copy is resized instead."""
     image = Image.fromarray(_content(np.random.default_rng(4), (1800, 2400)), "RGB")
