@@ -20,8 +20,9 @@ import logging
 import os
 import shutil
 import subprocess
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TypeVar
 
 logger = logging.getLogger("preprocess")
 
@@ -29,6 +30,7 @@ SOURCE_DIR = Path(__file__).resolve().parents[1] / "csrc" / "preprocess"
 CXX_FLAGS = ("-O3", "-ffp-contract=off", "-std=c++17", "-shared", "-fPIC")
 MARCH = "native"
 _LIBRARY = "libmmserve_preprocess.so"
+K = TypeVar("K")
 _ERROR_TAIL_LINES = 30
 
 
@@ -111,3 +113,20 @@ def load() -> ctypes.CDLL:
         return ctypes.CDLL(str(library))
     except OSError as error:
         raise NativeBuildError(f"loading {library} failed: {error}") from None
+
+
+def checked_kernel(
+    make: Callable[[], K], agrees: Callable[[K], bool], fallback: str, mismatch: str
+) -> K | None:
+    """`make()` (a wrapper around `load()`) if it builds and `agrees` with its reference; else
+    None, after one warning: `fallback` (what does the work instead) and why — the build error,
+    or `mismatch`."""
+    try:
+        candidate = make()
+    except NativeBuildError as error:
+        logger.warning("%s (slower, same pixels): %s", fallback, error)
+        return None
+    if not agrees(candidate):
+        logger.warning("%s (slower, same pixels): %s", fallback, mismatch)
+        return None
+    return candidate

@@ -12,15 +12,12 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import logging
 
 import numpy as np
 
-from preprocess.native import NativeBuildError, load
+from preprocess.native import checked_kernel, load
 from preprocess.normalise import normaliser
 from preprocess.settings import ProcessorSettings
-
-logger = logging.getLogger("preprocess")
 
 
 def _output_shape(height: int, width: int, settings: ProcessorSettings) -> tuple[int, int]:
@@ -102,15 +99,12 @@ def agrees_with_reference(kernel: PatchifyKernel) -> bool:
 @functools.cache
 def kernel() -> PatchifyKernel | None:
     """The checked kernel, or None (with a warning, once per process) when numpy must do it."""
-    try:
-        candidate = PatchifyKernel(load())
-    except NativeBuildError as error:
-        logger.warning("patchify falls back to numpy (slower, same pixels): %s", error)
-        return None
-    if not agrees_with_reference(candidate):
-        logger.warning("patchify falls back to numpy (slower, same pixels): the compiled kernel disagrees")
-        return None
-    return candidate
+    return checked_kernel(
+        lambda: PatchifyKernel(load()),
+        agrees_with_reference,
+        "patchify falls back to numpy",
+        "the compiled kernel disagrees with the reference",
+    )
 
 
 def patchify_into(rgb: np.ndarray, settings: ProcessorSettings, out: np.ndarray) -> None:

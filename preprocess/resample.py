@@ -20,16 +20,13 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import logging
 from typing import Any
 
 import numpy as np
 import PIL
 from PIL import Image
 
-from preprocess.native import NativeBuildError, load
-
-logger = logging.getLogger("preprocess")
+from preprocess.native import checked_kernel, load
 
 _PILLOW_MAJOR = int(PIL.__version__.split(".")[0])
 # (in_h, in_w, out_h, out_w): horizontal first, vertical first under Pillow 13, each pass alone,
@@ -174,19 +171,12 @@ def agrees_with_pillow(kernel: ResizeKernel) -> bool:
 @functools.cache
 def kernel() -> ResizeKernel | None:
     """The checked kernel, or None (with a warning, once per process) when Pillow must do it."""
-    try:
-        candidate = ResizeKernel(load())
-    except NativeBuildError as error:
-        logger.warning("bicubic resize falls back to Pillow (slower, same pixels): %s", error)
-        return None
-    if not agrees_with_pillow(candidate):
-        logger.warning(
-            "bicubic resize falls back to Pillow (slower, same pixels): the compiled kernel does not "
-            "match Pillow %s on the check geometries",
-            PIL.__version__,
-        )
-        return None
-    return candidate
+    return checked_kernel(
+        lambda: ResizeKernel(load()),
+        agrees_with_pillow,
+        "bicubic resize falls back to Pillow",
+        f"the compiled kernel does not match Pillow {PIL.__version__} on the check geometries",
+    )
 
 
 def resize_image(image: Image.Image, height: int, width: int) -> np.ndarray:

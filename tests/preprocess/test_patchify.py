@@ -67,3 +67,31 @@ def test_geometry_that_does_not_tile_is_refused(compiled: patchify.PatchifyKerne
         compiled(np.zeros((28, 42, 3), np.uint8), settings, out)
     with pytest.raises(ValueError, match="float32 output"):
         compiled(np.zeros((28, 28, 3), np.uint8), settings, np.empty((3, settings.frame_dim), np.float32))
+
+
+def test_a_kernel_that_disagrees_is_not_used(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The load-time check catches a wrong kernel; numpy then does the work, with a warning."""
+    monkeypatch.setattr(patchify, "agrees_with_reference", lambda kernel: False)
+    patchify.kernel.cache_clear()
+    try:
+        assert patchify.kernel() is None
+        assert "patchify falls back to numpy" in caplog.text
+        settings = ProcessorSettings()
+        rgb = np.random.default_rng(9).integers(0, 256, (28, 56, 3), dtype=np.uint8)
+        expected, actual = (np.empty((8, settings.frame_dim), np.float32) for _ in range(2))
+        patchify.patchify_reference(rgb, settings, expected)
+        patchify.patchify_into(rgb, settings, actual)
+        np.testing.assert_array_equal(actual, expected)
+    finally:
+        patchify.kernel.cache_clear()
+
+
+def test_the_check_catches_a_wrong_kernel(compiled: patchify.PatchifyKernel) -> None:
+    def off_by_one_ulp(rgb: np.ndarray, settings: ProcessorSettings, out: np.ndarray) -> None:
+        compiled(rgb, settings, out)
+        out.view(np.uint32)[0, 0] += 1
+
+    assert patchify.agrees_with_reference(compiled)
+    assert not patchify.agrees_with_reference(off_by_one_ulp)
