@@ -30,8 +30,9 @@ SOURCE_DIR = Path(__file__).resolve().parents[1] / "csrc" / "preprocess"
 CXX_FLAGS = ("-O3", "-ffp-contract=off", "-std=c++17", "-shared", "-fPIC")
 MARCH = "native"
 _LIBRARY = "libmmserve_preprocess.so"
-K = TypeVar("K")
 _ERROR_TAIL_LINES = 30
+
+K = TypeVar("K")  # a kernel wrapper
 
 
 class NativeBuildError(RuntimeError):

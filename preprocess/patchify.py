@@ -2,10 +2,11 @@
 with the frame once (`ProcessorSettings.frame_dim`; transformers repeats it over T).
 
 `patchify_reference` is the numpy version; `csrc/preprocess/patchify.cpp` writes the same floats
-in one pass (a 768-entry lookup, no float arithmetic of its own), a few times faster and without
+in one pass (a 768-entry lookup, no float arithmetic of its own), about twice as fast and without
 the temporaries: in the workers' profile under load, the numpy version's passes were about a
-tenth of their CPU time. `kernel()` checks the compiled one against the reference once per
-process; if it cannot be built or disagrees, the reference does the work.
+seventh of their CPU time (BENCHMARKS.md, "Zen 4, stop 40"). `kernel()` checks the compiled
+one against the reference once per process; if it cannot be built or disagrees, the reference
+does the work.
 """
 
 from __future__ import annotations
