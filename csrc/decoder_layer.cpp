@@ -23,6 +23,8 @@ namespace {
 // weights: the input norm, q/k/v (packed), o (packed), the post-attention norm, gate/up (packed),
 // down (packed); qk_norms: the per-head q and k norms (Qwen3) or none.
 enum Weight { kInputNorm, kQkv, kO, kPostNorm, kGateUp, kDown, kNumWeights };
+constexpr int64_t kPanelWidth = 16;    // output columns per packed panel (linear.cpp)
+constexpr int64_t kMaxGatedRows = 48;  // tokens up to which the MLP's SwiGLU runs inside gate/up
 
 // torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], None): x Wᵀ + b over oneDNN's
 // weight, what mmserve.ops.linear.OneDnnLinear calls.
@@ -40,6 +42,19 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const std::opti
                   int64_t out_features) {
   if (weight.is_mkldnn()) return onednn_linear(x, weight, bias);
   return packed_linear_op(x, weight, bias, out_features);
+}
+
+// silu(gate) · up [T, intermediate] of h [T, hidden]: in the gate/up linear's own tasks where its
+// panels allow and T is a decode batch (gated_packed_linear), else the linear and then
+// silu_and_mul. Measured on Zen 4 (mid's 768 → 2 × 2048, bf16, weights streamed from memory):
+// 0.92-0.95× the two ops' time at 2-8 rows, 0.99 at 1 and 16, but 1.01-1.04× at 64.
+at::Tensor gate_up_activation(const at::Tensor& h, const at::Tensor& weight, int64_t intermediate) {
+  if (!weight.is_mkldnn() && intermediate % kPanelWidth == 0 && h.size(0) <= kMaxGatedRows)
+    return gated_packed_linear_op(h, weight, std::nullopt, 2 * intermediate);
+  const at::Tensor gate_up = linear(h, weight, std::nullopt, 2 * intermediate);
+  const at::Tensor activation = at::empty({h.size(0), intermediate}, gate_up.options());
+  silu_and_mul_op(activation, gate_up);
+  return activation;
 }
 
 at::Tensor head_norm(const at::Tensor& heads, const at::Tensor& weight, double eps) {
@@ -100,10 +115,7 @@ at::Tensor decoder_layer_op(const at::Tensor& x, const std::optional<at::Tensor>
 
   const at::Tensor h = linear(attention.view({tokens, q_size}), weights[kO], std::nullopt, hidden);
   fused_add_rms_norm_op(h, stream, weights[kPostNorm], eps);
-  const at::Tensor gate_up = linear(h, weights[kGateUp], std::nullopt, 2 * intermediate);
-  const at::Tensor activation = at::empty({tokens, intermediate}, gate_up.options());
-  silu_and_mul_op(activation, gate_up);
-  return linear(activation, weights[kDown], std::nullopt, hidden);
+  return linear(gate_up_activation(h, weights[kGateUp], intermediate), weights[kDown], std::nullopt, hidden);
 }
 
 }  // namespace mmserve

@@ -171,20 +171,9 @@ void silu_and_mul(const SiluAndMulArgs& args) {
     const T* src = static_cast<const T*>(args.gate_up.data);
     T* dst = static_cast<T*>(args.out.data);
     at::parallel_for(0, args.num_tokens, rows_per_task(d), [&](int64_t begin, int64_t end) {
-      const Vec one(1.f);
       for (int64_t t = begin; t < end; ++t) {
         const T* gate = src + t * args.gate_up.token_stride;
-        const T* up = gate + d;
-        T* out = dst + t * args.out.token_stride;
-        int64_t i = 0;
-        for (; i + kVecSize <= d; i += kVecSize) {
-          const Vec g = load_f32(gate + i);
-          store_f32(out + i, round_to<T>(g / (one + g.neg().exp())) * load_f32(up + i));
-        }
-        for (; i < d; ++i) {
-          const float g = static_cast<float>(gate[i]);
-          out[i] = static_cast<T>(round_to<T>(g / (1.f + std::exp(-g))) * static_cast<float>(up[i]));
-        }
+        silu_mul_span(gate, gate + d, dst + t * args.out.token_stride, d);
       }
     });
   });

@@ -92,6 +92,11 @@ struct PackedLinearArgs {
   const void* bias;      // [out_features] or nullptr
   Dtype bias_dtype;      // any value when bias is nullptr
   int64_t num_rows, in_features, out_features;
+  // A gate/up projection with its SiLU-and-mul applied as each task finishes (gated_width > 0):
+  // out_features = 2 · gated_width (gate columns, then up), gated_width a multiple of 16; `out`
+  // receives gate|up and `activation` [rows, gated_width] (out's dtype) silu(gate) · up.
+  Rows activation{};
+  int64_t gated_width = 0;
 };
 
 void paged_attention(const PagedAttentionArgs& args);

@@ -24,6 +24,12 @@
 // memory, leaving the memory idle while the others compute from L1: so each tile of such a chunk
 // also prefetches (into L2) its share of the weight's next block, and the stream keeps moving
 // (float32 only: bfloat16 tiles of those heights are bound by their arithmetic, not the memory).
+//
+// A gated linear (the MLP's gate/up projection) pairs gate panel p with up panel p + d/16 in one
+// task and applies SiLU-and-mul to those 16 columns of its rows while they are in L1: no
+// separate pass over the [rows, 2d] output, and the activation is computed by every thread
+// instead of by the calling thread alone (at decode sizes the standalone kernel stays below
+// the parallel threshold).
 #include <ATen/Parallel.h>
 
 #include <algorithm>
@@ -33,6 +39,7 @@
 
 #include "kernels.h"
 #include "parallel.h"
+#include "vec.h"
 
 #if defined(CPU_CAPABILITY_AVX2) || defined(CPU_CAPABILITY_AVX512)
 #include <immintrin.h>
@@ -244,12 +251,19 @@ const float* rows_as_float(const PackedLinearArgs& args, std::vector<float>& buf
   return buffer.data();
 }
 
-// One task: rows [first, last) (at most kChunkRows) × one panel, over K in blocks of kDepth so
-// that the panel's block stays in L1 while every tile of the chunk reads it.
+// The panels of one task: one, or a gated linear's gate panel and its up panel (for_each_task).
+struct TaskPanels {
+  int count;
+  int64_t index[2];
+};
+
+// One task: rows [first, last) (at most kChunkRows) × its panels, over K in blocks of kDepth so
+// that a panel's block stays in L1 while every tile of the chunk reads it. Two panels advance
+// through K together, so each streams on from where its prefetches reached.
 template <typename p_t, typename out_t, typename bias_t>
-void chunk_times_panel(const PackedLinearArgs& args, const float* x, int64_t x_stride, const p_t* panel,
-                       int64_t first, int64_t last, int64_t column) {
-  float acc[kChunkRows * kPanel];
+void chunk_times_panel(const PackedLinearArgs& args, const float* x, int64_t x_stride, const p_t* packed,
+                       int64_t first, int64_t last, TaskPanels panels) {
+  float acc[2][kChunkRows * kPanel];
   const int64_t k_size = args.in_features;
   const int64_t rows_total = last - first;
   // float32 below kMemoryBoundRows only: above, and in bfloat16, the tiles wait on their arithmetic,
@@ -258,48 +272,81 @@ void chunk_times_panel(const PackedLinearArgs& args, const float* x, int64_t x_s
       std::is_same_v<p_t, float> && rows_total > kMaxTileRows && args.num_rows <= kMemoryBoundRows;
   for (int64_t k0 = 0; k0 < k_size; k0 += kDepth) {
     const int64_t depth = std::min(kDepth, k_size - k0);
-    // The weight's next block: the rest of this panel, or the next panel (panels are adjacent).
-    const char* next_block = reinterpret_cast<const char*>(panel + (k0 + depth) * kPanel);
-    const int64_t rest = k_size - k0 - depth;
-    const int64_t next_lines =
-        std::min(kDepth, rest > 0 ? rest : k_size) * kPanel * static_cast<int64_t>(sizeof(p_t)) / kLine;
+    for (int j = 0; j < panels.count; ++j) {
+      const p_t* panel = packed + panels.index[j] * k_size * kPanel;
+      // The weight's next block: the rest of this panel, or the next panel (panels are adjacent).
+      const char* next_block = reinterpret_cast<const char*>(panel + (k0 + depth) * kPanel);
+      const int64_t rest = k_size - k0 - depth;
+      const int64_t next_lines =
+          std::min(kDepth, rest > 0 ? rest : k_size) * kPanel * static_cast<int64_t>(sizeof(p_t)) / kLine;
+      for (int64_t row = first; row < last;) {
+        const int rows = tile_rows(last - row);
+        FarPrefetch far;  // this tile's share of the next block, in proportion to its rows
+        if (prefetch_next_block) {
+          const int64_t share_begin = next_lines * (row - first) / rows_total;
+          far = {next_block + share_begin * kLine, next_lines * (row - first + rows) / rows_total - share_begin};
+        }
+        run_tile(rows, x + row * x_stride + k0, x_stride, panel + k0 * kPanel, depth,
+                 acc[j] + (row - first) * kPanel, k0 > 0, far);
+        row += rows;
+      }
+    }
+  }
+  for (int j = 0; j < panels.count; ++j) {
     for (int64_t row = first; row < last;) {
       const int rows = tile_rows(last - row);
-      FarPrefetch far;  // this tile's share of the next block, in proportion to its rows
-      if (prefetch_next_block) {
-        const int64_t share_begin = next_lines * (row - first) / rows_total;
-        far = {next_block + share_begin * kLine, next_lines * (row - first + rows) / rows_total - share_begin};
-      }
-      run_tile(rows, x + row * x_stride + k0, x_stride, panel + k0 * kPanel, depth, acc + (row - first) * kPanel,
-               k0 > 0, far);
+      store_tile<out_t, bias_t>(args, acc[j] + (row - first) * kPanel, row, rows, panels.index[j] * kPanel);
       row += rows;
     }
   }
-  for (int64_t row = first; row < last;) {
-    const int rows = tile_rows(last - row);
-    store_tile<out_t, bias_t>(args, acc + (row - first) * kPanel, row, rows, column);
-    row += rows;
+}
+
+// Work of one task (a chunk of rows times one panel, two panels when gated): its multiply-adds
+// and its panels' bytes.
+int64_t task_work(const PackedLinearArgs& args, int64_t weight_bytes) {
+  const int64_t rows = std::min(args.num_rows, kChunkRows);
+  return (args.gated_width > 0 ? 2 : 1) * kPanel * args.in_features * (rows + kMacsPerByte * weight_bytes);
+}
+
+// activation[r][16p, 16p + 16) = silu(gate) · up for rows [first, last), from the gate and up
+// columns that panel p and p + gated_width/16 just stored into out.
+template <typename out_t>
+void gate_panel_epilogue(const PackedLinearArgs& args, int64_t first, int64_t last, int64_t column) {
+  const int64_t columns = std::min(kPanel, args.gated_width - column);
+  for (int64_t row = first; row < last; ++row) {
+    const out_t* gate = static_cast<const out_t*>(args.out.data) + row * args.out.token_stride + column;
+    out_t* activation = static_cast<out_t*>(args.activation.data) + row * args.activation.token_stride + column;
+    silu_mul_span(gate, gate + args.gated_width, activation, columns);
   }
 }
 
-// Work of one task (a chunk of rows times one panel): its multiply-adds and its panel's bytes.
-int64_t task_work(const PackedLinearArgs& args, int64_t weight_bytes) {
-  const int64_t rows = std::min(args.num_rows, kChunkRows);
-  return kPanel * args.in_features * (rows + kMacsPerByte * weight_bytes);
+// Runs `panel_task(chunk_first, chunk_last, TaskPanels)` for every (row chunk, panel) over the
+// threads; when gated, a task is gate panel p with up panel p + gated_width/16, then their epilogue.
+template <typename out_t, typename PanelTask>
+void for_each_task(const PackedLinearArgs& args, int64_t weight_bytes, const PanelTask& panel_task) {
+  const int64_t panels = (args.out_features + kPanel - 1) / kPanel;
+  const int64_t chunks = (args.num_rows + kChunkRows - 1) / kChunkRows;
+  const int64_t gate_panels = args.gated_width / kPanel;
+  const int64_t task_panels = args.gated_width > 0 ? gate_panels : panels;
+  at::parallel_for(0, chunks * task_panels, grain_for(task_work(args, weight_bytes)), [&](int64_t begin, int64_t end) {
+    for (int64_t task = begin; task < end; ++task) {
+      const int64_t chunk = task / task_panels, p = task % task_panels;
+      const int64_t first = chunk * kChunkRows, last = std::min(args.num_rows, first + kChunkRows);
+      if (args.gated_width == 0) {
+        panel_task(first, last, TaskPanels{1, {p, 0}});
+        continue;
+      }
+      panel_task(first, last, TaskPanels{2, {p, p + gate_panels}});
+      gate_panel_epilogue<out_t>(args, first, last, p * kPanel);
+    }
+  });
 }
 
 template <typename p_t, typename out_t, typename bias_t>
 void linear_tasks(const PackedLinearArgs& args, const float* x, int64_t x_stride) {
-  const int64_t panels = (args.out_features + kPanel - 1) / kPanel;
-  const int64_t chunks = (args.num_rows + kChunkRows - 1) / kChunkRows;
   const p_t* packed = static_cast<const p_t*>(args.weight);
-  at::parallel_for(0, chunks * panels, grain_for(task_work(args, sizeof(p_t))), [&](int64_t begin, int64_t end) {
-    for (int64_t task = begin; task < end; ++task) {
-      const int64_t chunk = task / panels, p = task % panels;
-      const int64_t first = chunk * kChunkRows, last = std::min(args.num_rows, first + kChunkRows);
-      chunk_times_panel<p_t, out_t, bias_t>(args, x, x_stride, packed + p * args.in_features * kPanel, first, last,
-                                       p * kPanel);
-    }
+  for_each_task<out_t>(args, sizeof(p_t), [&](int64_t first, int64_t last, TaskPanels panels) {
+    chunk_times_panel<p_t, out_t, bias_t>(args, x, x_stride, packed, first, last, panels);
   });
 }
 
@@ -432,46 +479,46 @@ void run_pair_tile(int rows, const x_t* x, int64_t x_stride, const BFloat16* pan
   }
 }
 
-// One task of a linear over K-pair panels: rows [first, last) × one panel, K in blocks of kDepth
-// (even, so every block but an odd K's last starts on a pair).
+// One task of a linear over K-pair panels: rows [first, last) × its panels, K in blocks of
+// kDepth (even, so every block but an odd K's last starts on a pair); two panels advance through
+// K together, as in chunk_times_panel.
 template <typename x_t, typename out_t, typename bias_t>
-void chunk_times_pair_panel(const PackedLinearArgs& args, const x_t* x, int64_t x_stride, const BFloat16* panel,
-                            int64_t first, int64_t last, int64_t column) {
-  float acc[kChunkRows * kPanel];
+void chunk_times_pair_panel(const PackedLinearArgs& args, const x_t* x, int64_t x_stride, const BFloat16* packed,
+                            int64_t first, int64_t last, TaskPanels panels) {
+  float acc[2][kChunkRows * kPanel];
   const int64_t k_size = args.in_features;
   for (int64_t k0 = 0; k0 < k_size; k0 += kDepth) {
     const int64_t depth = std::min(kDepth, k_size - k0);
-    for (int64_t row = first; row < last;) {
-      const int rows = pair_tile_rows(last - row);
-      run_pair_tile(rows, x + row * x_stride + k0, x_stride, panel + k0 * kPanel, depth, acc + (row - first) * kPanel,
-                    k0 > 0);
-      row += rows;
+    for (int j = 0; j < panels.count; ++j) {
+      const BFloat16* panel = packed + panels.index[j] * k_size * kPanel;
+      for (int64_t row = first; row < last;) {
+        const int rows = pair_tile_rows(last - row);
+        run_pair_tile(rows, x + row * x_stride + k0, x_stride, panel + k0 * kPanel, depth,
+                      acc[j] + (row - first) * kPanel, k0 > 0);
+        row += rows;
+      }
     }
   }
-  for (int64_t row = first; row < last;) {
-    const int rows = pair_tile_rows(last - row);
-    store_tile<out_t, bias_t>(args, acc + (row - first) * kPanel, row, rows, column);
-    row += rows;
+  for (int j = 0; j < panels.count; ++j) {
+    for (int64_t row = first; row < last;) {
+      const int rows = pair_tile_rows(last - row);
+      store_tile<out_t, bias_t>(args, acc[j] + (row - first) * kPanel, row, rows, panels.index[j] * kPanel);
+      row += rows;
+    }
   }
 }
 
 // packed_linear over bfloat16 K-pair panels, for bfloat16 or float32 rows as they come.
 void pair_panel_linear(const PackedLinearArgs& args) {
-  const int64_t panels = (args.out_features + kPanel - 1) / kPanel;
-  const int64_t chunks = (args.num_rows + kChunkRows - 1) / kChunkRows;
   const BFloat16* packed = static_cast<const BFloat16*>(args.weight);
   dispatch_dtype(args.x.dtype, [&](auto x_type) {
     using x_t = decltype(x_type);
     const x_t* x = static_cast<const x_t*>(args.x.data);
     dispatch_dtype(args.out.dtype, [&](auto out) {
       dispatch_dtype(args.bias_dtype, [&](auto bias) {
-        at::parallel_for(0, chunks * panels, grain_for(task_work(args, sizeof(BFloat16))), [&](int64_t begin, int64_t end) {
-          for (int64_t task = begin; task < end; ++task) {
-            const int64_t chunk = task / panels, p = task % panels;
-            const int64_t first = chunk * kChunkRows, last = std::min(args.num_rows, first + kChunkRows);
-            chunk_times_pair_panel<x_t, decltype(out), decltype(bias)>(
-                args, x, args.x.token_stride, packed + p * args.in_features * kPanel, first, last, p * kPanel);
-          }
+        for_each_task<decltype(out)>(args, sizeof(BFloat16), [&](int64_t first, int64_t last, TaskPanels panels) {
+          chunk_times_pair_panel<x_t, decltype(out), decltype(bias)>(args, x, args.x.token_stride, packed, first,
+                                                                     last, panels);
         });
       });
     });

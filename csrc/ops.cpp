@@ -274,16 +274,11 @@ void pack_weight_op(const at::Tensor& packed, const at::Tensor& weight) {
                dtype_of(packed, "packed")});
 }
 
-// x: [..., in_features] → [..., out_features] in x's dtype. Allocates its result, and reshapes
-// in C++: a decode step makes ~50 of these calls, and each Python-side tensor op costs more
-// than the arithmetic of a small one.
-at::Tensor packed_linear_op(const at::Tensor& x, const at::Tensor& packed, const std::optional<at::Tensor>& bias,
-                            int64_t out_features) {
-  TORCH_CHECK(x.dim() >= 1, "x must have an in_features dimension");
-  const at::Tensor rows = x.reshape({-1, x.size(-1)});
-  std::vector<int64_t> out_shape(x.sizes().begin(), x.sizes().end());
-  out_shape.back() = out_features;
-  at::Tensor out = at::empty({rows.size(0), out_features}, x.options());
+namespace {
+
+// The arguments of a packed linear x [..., K] → out [rows, out_features] (allocated here).
+PackedLinearArgs linear_args(const at::Tensor& rows, const at::Tensor& out, const at::Tensor& packed,
+                             const std::optional<at::Tensor>& bias, int64_t out_features) {
   PackedLinearArgs args{rows_of(out, "out", 2), rows_of(rows, "x", 2)};
   args.num_rows = rows.size(0);
   args.in_features = rows.size(1);
@@ -299,8 +294,45 @@ at::Tensor packed_linear_op(const at::Tensor& x, const at::Tensor& packed, const
                 "bias must be a contiguous [out_features] tensor");
     args.bias = bias->const_data_ptr();
   }
+  return args;
+}
+
+std::vector<int64_t> shape_with_last(const at::Tensor& x, int64_t last) {
+  std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
+  shape.back() = last;
+  return shape;
+}
+
+}  // namespace
+
+// x: [..., in_features] → [..., out_features] in x's dtype. Allocates its result, and reshapes
+// in C++: a decode step makes ~50 of these calls, and each Python-side tensor op costs more
+// than the arithmetic of a small one.
+at::Tensor packed_linear_op(const at::Tensor& x, const at::Tensor& packed, const std::optional<at::Tensor>& bias,
+                            int64_t out_features) {
+  TORCH_CHECK(x.dim() >= 1, "x must have an in_features dimension");
+  const at::Tensor rows = x.reshape({-1, x.size(-1)});
+  at::Tensor out = at::empty({rows.size(0), out_features}, x.options());
+  packed_linear(linear_args(rows, out, packed, bias, out_features));
+  return out.view(shape_with_last(x, out_features));
+}
+
+// x: [..., in_features] → silu(gate) · up [..., out_features / 2] for a gate/up weight packed
+// whole (gate rows, then up rows): silu_and_mul(packed_linear(x)), bit for bit, in one parallel
+// pass (linear.cpp). out_features / 2 must be a multiple of 16 (a panel).
+at::Tensor gated_packed_linear_op(const at::Tensor& x, const at::Tensor& packed,
+                                  const std::optional<at::Tensor>& bias, int64_t out_features) {
+  TORCH_CHECK(x.dim() >= 1, "x must have an in_features dimension");
+  TORCH_CHECK(out_features % (2 * kPanelColumns) == 0, "gated_packed_linear: out_features / 2 must be a multiple of ",
+              kPanelColumns, ", got ", out_features);
+  const at::Tensor rows = x.reshape({-1, x.size(-1)});
+  const at::Tensor gate_up = at::empty({rows.size(0), out_features}, x.options());
+  at::Tensor activation = at::empty({rows.size(0), out_features / 2}, x.options());
+  PackedLinearArgs args = linear_args(rows, gate_up, packed, bias, out_features);
+  args.activation = rows_of(activation, "activation", 2);
+  args.gated_width = out_features / 2;
   packed_linear(args);
-  return out.view(out_shape);
+  return activation.view(shape_with_last(x, out_features / 2));
 }
 
 }  // namespace mmserve
@@ -321,6 +353,7 @@ TORCH_LIBRARY(mmserve_cpu, m) {
       "Tensor row_of_channel) -> ()");
   m.def("pack_weight(Tensor(a!) packed, Tensor weight) -> ()");
   m.def("packed_linear(Tensor x, Tensor packed, Tensor? bias, int out_features) -> Tensor");
+  m.def("gated_packed_linear(Tensor x, Tensor packed, Tensor? bias, int out_features) -> Tensor");
   // The shortest prompt chunk paged_attention hands to torch's flash kernel (prompt_attention.h).
   m.def("bf16_dot_products() -> bool", []() -> bool { return mmserve::bf16_dot_products(); });
   m.def("prompt_attention_min_queries() -> int",
@@ -337,4 +370,5 @@ TORCH_LIBRARY_IMPL(mmserve_cpu, CPU, m) {
   m.impl("mrope", &mmserve::mrope_op);
   m.impl("pack_weight", &mmserve::pack_weight_op);
   m.impl("packed_linear", &mmserve::packed_linear_op);
+  m.impl("gated_packed_linear", &mmserve::gated_packed_linear_op);
 }

@@ -25,5 +25,7 @@ void mrope_op(const at::Tensor& query, const at::Tensor& key, const at::Tensor& 
 void pack_weight_op(const at::Tensor& packed, const at::Tensor& weight);
 at::Tensor packed_linear_op(const at::Tensor& x, const at::Tensor& packed, const std::optional<at::Tensor>& bias,
                             int64_t out_features);
+at::Tensor gated_packed_linear_op(const at::Tensor& x, const at::Tensor& packed,
+                                  const std::optional<at::Tensor>& bias, int64_t out_features);
 
 }  // namespace mmserve

@@ -9,6 +9,7 @@
 #include <ATen/cpu/vec/vec.h>
 #include <c10/util/BFloat16.h>
 
+#include <cmath>
 #include <cstdint>
 #include <limits>
 
@@ -61,6 +62,24 @@ inline Vec round_to(const Vec& v) {
 template <typename T>
 inline float round_to(float x) {
   return static_cast<float>(static_cast<T>(x));
+}
+
+// out[i] = round_to<T>(silu(gate[i])) · up[i] for i < n, rounded to T: F.silu(gate) * up with
+// the bfloat16 intermediate the torch reference materialises. Shared by silu_and_mul
+// (elementwise.cpp) and the gate/up linear that applies it to its own output (linear.cpp), so the
+// two agree bit for bit: spans that start on a multiple of kVecSize take the same vector lanes.
+template <typename T>
+inline void silu_mul_span(const T* gate, const T* up, T* out, int64_t n) {
+  const Vec one(1.f);
+  int64_t i = 0;
+  for (; i + kVecSize <= n; i += kVecSize) {
+    const Vec g = load_f32(gate + i);
+    store_f32(out + i, round_to<T>(g / (one + g.neg().exp())) * load_f32(up + i));
+  }
+  for (; i < n; ++i) {
+    const float g = static_cast<float>(gate[i]);
+    out[i] = static_cast<T>(round_to<T>(g / (1.f + std::exp(-g))) * static_cast<float>(up[i]));
+  }
 }
 
 inline float reduce_sum(const Vec& v) {

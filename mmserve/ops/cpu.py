@@ -21,6 +21,7 @@ __all__ = [
     "bind_threads",
     "decoder_layer",
     "fused_add_rms_norm",
+    "gated_packed_linear",
     "is_available",
     "mrope",
     "pack_weight",
@@ -160,6 +161,18 @@ def packed_linear(
 ) -> torch.Tensor:  # [..., N] in x's dtype
     """`reference.linear` with the weight that was packed: float32 accumulation, one rounding."""
     return ops().packed_linear.default(x, packed, bias, out_features)
+
+
+def gated_packed_linear(
+    x: torch.Tensor,  # [..., K] float32 or bfloat16, rows may be strided
+    packed: torch.Tensor,  # a gate/up weight [2 d, K] (gate rows first) from pack_weight
+    bias: torch.Tensor | None,  # [2 d]
+    out_features: int,  # 2 d, d a multiple of 16
+) -> torch.Tensor:  # [..., d] in x's dtype
+    """`reference.silu_and_mul(reference.linear(x, W, b))` over a packed gate/up weight, bit for
+    bit `silu_and_mul(packed_linear(...))` on these kernels: the activation of each 16 columns is
+    computed by the thread that just produced them (the MLP's SwiGLU inside the linear)."""
+    return ops().gated_packed_linear.default(x, packed, bias, out_features)
 
 
 def decoder_layer(

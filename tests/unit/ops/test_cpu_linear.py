@@ -91,6 +91,44 @@ def test_packed_linear_with_float32_rows_rounds_only_the_weight(rows):
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-4)
 
 
+@pytest.mark.parametrize("seed", range(10))
+@pytest.mark.parametrize(
+    ("x_dtype", "packed_dtype"),
+    [(torch.bfloat16, torch.bfloat16), (torch.float32, torch.float32), (torch.float32, torch.bfloat16)],
+)
+def test_gated_linear_is_the_linear_then_silu_and_mul_bit_for_bit(seed, x_dtype, packed_dtype):
+    """The SwiGLU applied inside the gate/up linear's tasks equals the two ops one after the
+    other, exactly: decode and prefill row counts (row chunks), K blocks and odd K, strided rows,
+    with and without bias; and it is the reference's SwiGLU to the dtype's resolution."""
+    generator = torch.Generator().manual_seed(seed)
+    draw = lambda low, high: int(torch.randint(low, high, (1,), generator=generator))
+    rows = draw(1, 17) if seed % 2 == 0 else draw(17, 120)
+    in_features, width = draw(1, 600), 16 * draw(1, 12)
+    x = strided_rows(rows, in_features, x_dtype, seed=seed)
+    weight = torch.randn(2 * width, in_features, generator=generator).to(x_dtype)
+    bias = torch.randn(2 * width, generator=generator).to(x_dtype) if seed % 3 else None
+    packed = cpu.pack_weight(weight, packed_dtype)
+    got = cpu.gated_packed_linear(x, packed, bias, 2 * width)
+    assert got.dtype == x_dtype and got.shape == (rows, width)
+    assert torch.equal(got, cpu.silu_and_mul(cpu.packed_linear(x, packed, bias, 2 * width)))
+    want = reference.silu_and_mul(reference.linear(x, weight.to(packed_dtype).to(x_dtype), bias))
+    if x_dtype == torch.bfloat16:  # gate and up each an ulp from the reference's, then the product
+        torch.testing.assert_close(got, want, rtol=2**-5, atol=1e-4 * in_features)
+    else:
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5 * in_features)
+
+
+def test_gated_linear_keeps_leading_dimensions_and_refuses_a_width_off_the_panels():
+    weight = torch.randn(64, 24).bfloat16()
+    x = torch.randn(2, 3, 24).bfloat16()
+    packed = cpu.pack_weight(weight)
+    got = cpu.gated_packed_linear(x, packed, None, 64)
+    assert got.shape == (2, 3, 32)
+    assert torch.equal(got.reshape(6, 32), cpu.gated_packed_linear(x.reshape(6, 24), packed, None, 64))
+    with pytest.raises(RuntimeError, match="multiple of 16"):
+        cpu.gated_packed_linear(x, cpu.pack_weight(torch.randn(48, 24).bfloat16()), None, 48)
+
+
 def test_packed_linear_rejects_a_weight_packed_for_another_shape():
     packed = cpu.pack_weight(torch.randn(32, 8).bfloat16())
     with pytest.raises(RuntimeError, match="packed weight must be"):
