@@ -9,7 +9,9 @@ candidates run interleaved round by round in one process (a neighbour's burst hi
 the median ms, GFLOP/s and GB/s of weight read are printed. float32: MKL's `F.linear`, oneDNN's
 prepacked matmul and csrc's float32 panels; bfloat16: `F.linear`, csrc's bfloat16 panels,
 oneDNN's prepacked matmul where the CPU has bfloat16 instructions, and the weight converted to
-float32 per call then `F.linear` (what large M could do instead). Each candidate cycles through
+float32 per call then `F.linear` (what large M could do instead); where N is a gate/up shape (a
+multiple of 32), also the bfloat16 panels followed by silu_and_mul against the gated panels that
+apply it inside the linear (`cpu.gated_packed_linear`). Each candidate cycles through
 copies of its weight, `--weight-mib` in all, so that at small M a call reads its weight from
 memory, as a decode step does, not from the last call's cache.
 """
@@ -28,7 +30,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from mmserve.ops import linear
+from mmserve.ops import cpu, linear
 
 DEFAULT_ROWS = [1, 2, 4, 8, 12, 16, 32, 64, 128, 256, 512, 1024, 2048]
 
@@ -60,6 +62,18 @@ def candidates(
         return F.linear(x16.float(), weight16.float()).bfloat16()
 
     found["bf16 via fp32 weight"] = via_float32
+    if cpu.is_available() and weight32.shape[0] % 32 == 0:  # a gate/up shape: [2 d, K], d % 16 == 0
+        n = weight32.shape[0]
+        packs = [cpu.pack_weight(w) for w in weights16]
+
+        def then_silu(x: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:
+            return cpu.silu_and_mul(cpu.packed_linear(x, packed, None, n))
+
+        def gated(x: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:
+            return cpu.gated_packed_linear(x, packed, None, n)
+
+        for name, fn in (("bf16 gate/up panels then silu_and_mul", then_silu), ("bf16 gate/up gated", gated)):
+            found[name] = cycling([functools.partial(fn, packed=p) for p in packs], x16)
     return found
 
 

@@ -24,7 +24,9 @@ namespace {
 // down (packed); qk_norms: the per-head q and k norms (Qwen3) or none.
 enum Weight { kInputNorm, kQkv, kO, kPostNorm, kGateUp, kDown, kNumWeights };
 constexpr int64_t kPanelWidth = 16;    // output columns per packed panel (linear.cpp)
-constexpr int64_t kMaxGatedRows = 48;  // tokens up to which the MLP's SwiGLU runs inside gate/up
+// tokens for which the MLP's SwiGLU runs inside the gate/up linear (gate_up_activation)
+constexpr int64_t kMinGatedRows = 4;
+constexpr int64_t kMaxGatedRows = 48;
 
 // torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], None): x Wᵀ + b over oneDNN's
 // weight, what mmserve.ops.linear.OneDnnLinear calls.
@@ -45,11 +47,15 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const std::opti
 }
 
 // silu(gate) · up [T, intermediate] of h [T, hidden]: in the gate/up linear's own tasks where its
-// panels allow and T is a decode batch (gated_packed_linear), else the linear and then
-// silu_and_mul. Measured on Zen 4 (mid's 768 → 2 × 2048, bf16, weights streamed from memory):
-// 0.92-0.95× the two ops' time at 2-8 rows, 0.99 at 1 and 16, but 1.01-1.04× at 64.
+// panels allow and T is a decode batch of a few rows or more (gated_packed_linear), else the
+// linear and then silu_and_mul. Measured on Zen 4 (`benchmarks.linear_cpu --shape 768 4096
+// --only gate/up`: mid's MLP, bf16, weights streamed from memory), gated ÷ separate: 0.83-0.97 at
+// 4-8 rows, 0.96-1.06 at 2-3, 1.02-1.19 at 1 (one row's SwiGLU is negligible, and two weight
+// streams read a little slower than one), ~1.0 at 16, 1.02 at 64, 0.99 at 512.
 at::Tensor gate_up_activation(const at::Tensor& h, const at::Tensor& weight, int64_t intermediate) {
-  if (!weight.is_mkldnn() && intermediate % kPanelWidth == 0 && h.size(0) <= kMaxGatedRows)
+  const int64_t tokens = h.size(0);
+  if (!weight.is_mkldnn() && intermediate % kPanelWidth == 0 && tokens >= kMinGatedRows &&
+      tokens <= kMaxGatedRows)
     return gated_packed_linear_op(h, weight, std::nullopt, 2 * intermediate);
   const at::Tensor gate_up = linear(h, weight, std::nullopt, 2 * intermediate);
   const at::Tensor activation = at::empty({h.size(0), intermediate}, gate_up.options());
