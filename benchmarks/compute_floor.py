@@ -8,10 +8,11 @@ the image's patches and its attention over all of them (full attention in Qwen2-
 merger, and the language model's matmuls and causal attention over the prompt. This samples the
 rows `vllm bench serve` sends (VisionArena: the dataset shuffled with the seed, each row's first
 user message and first image), sizes each image as the processor does, counts those FLOPs, and
-divides them by the fastest rate this process measures for the same kinds of work (a large
-float32 matmul through MKL and through oneDNN's packed weight, and SDPA over one image's
-patches, with the same threads). Decoding adds, per step of `--max-concurrency` requests, the
-weights' bytes ÷ a read-only STREAM bandwidth.
+divides them by the fastest rate this process measures for the same kinds of work in `--dtype`
+(a large matmul, the vision MLP's matmuls through oneDNN's packed weight and csrc's panels, and
+attention over one image's patches through SDPA and csrc's varlen kernel, with the same
+threads). Decoding adds, per step of `--max-concurrency` requests, the weights' bytes ÷ a
+read-only STREAM bandwidth.
 
 The result is a floor, not an estimate of either engine: it assumes every FLOP at the best rate
 measured and no other cost (no preprocessing, scheduling, norms, activations, or idle cores).
@@ -36,6 +37,7 @@ from PIL import Image
 
 from mmserve.bench.dataset import load_conversations
 from mmserve.frontend.tokenizer import Tokenizer
+from mmserve.ops import cpu
 from mmserve.ops.linear import OneDnnLinear, onednn_supports
 from preprocess.image import grid_thw, num_tokens
 from preprocess.settings import ProcessorSettings
@@ -135,25 +137,39 @@ def timed_rate(flops: float, run, rounds: int = 5) -> float:
     return flops / statistics.median(times)
 
 
-def machine_rates(s: Shapes, patches: int) -> dict[str, float]:
-    """The best float32 rates this process reaches (FLOP/s), and a read-only bandwidth (bytes/s)."""
+def machine_rates(s: Shapes, patches: int, dtype: torch.dtype) -> dict[str, float]:
+    """The best rates this process reaches for the tower's kinds of work in `dtype` (FLOP/s: a
+    large matmul, the vision MLP's matmuls through every method the engine can pick, attention
+    over the largest image's patches), and a read-only bandwidth (bytes/s)."""
     rates = {}
-    a, b = torch.randn(4096, 4096), torch.randn(4096, 4096)
-    rates["sgemm 4096³ (MKL)"] = timed_rate(2 * 4096**3, lambda: a @ b, rounds=3)
-    x = torch.randn(patches, s.vision_dim)
+    a, b = torch.randn(4096, 4096, dtype=dtype), torch.randn(4096, 4096, dtype=dtype)
+    rates[f"matmul 4096³ ({dtype})"] = timed_rate(2 * 4096**3, lambda: a @ b, rounds=3)
+    x = torch.randn(patches, s.vision_dim, dtype=dtype)
     for name, (n, k) in {"fc1": (s.vision_mlp, s.vision_dim), "fc2": (s.vision_dim, s.vision_mlp)}.items():
-        weight = torch.randn(n, k)
-        rows = x if k == s.vision_dim else torch.randn(patches, k)
-        if onednn_supports(torch.float32):
+        weight = torch.randn(n, k, dtype=dtype)
+        rows = x if k == s.vision_dim else torch.randn(patches, k, dtype=dtype)
+        if onednn_supports(dtype):
             packed = OneDnnLinear(weight)
             rates[f"vision {name} {patches}x{k}x{n} (oneDNN)"] = timed_rate(
                 2 * patches * k * n, lambda packed=packed, rows=rows: packed(rows)
             )
+        if cpu.is_available() and (dtype == torch.float32 or cpu.bf16_dot_products()):
+            panels = cpu.pack_weight(weight)
+            rates[f"vision {name} {patches}x{k}x{n} (csrc panels)"] = timed_rate(
+                2 * patches * k * n,
+                lambda panels=panels, rows=rows, n=n: cpu.packed_linear(rows, panels, None, n),
+            )
     heads = s.vision_dim // 64
-    q = torch.randn(1, heads, patches, 64)
+    q = torch.randn(1, heads, patches, 64, dtype=dtype)
+    attention_flops = 4 * patches**2 * heads * 64
     rates[f"SDPA {patches} patches"] = timed_rate(
-        4 * patches**2 * heads * 64, lambda: F.scaled_dot_product_attention(q, q, q)
+        attention_flops, lambda: F.scaled_dot_product_attention(q, q, q)
     )
+    if cpu.is_available():
+        rows = q[0].transpose(0, 1).contiguous()  # [N, H, D]
+        rates[f"csrc varlen attention {patches} patches"] = timed_rate(
+            attention_flops, lambda: cpu.varlen_attention(rows, rows, rows, [0, patches], 0.125)
+        )
     big = torch.ones(1 << 28)  # 1 GiB
     start = time.perf_counter()
     for _ in range(5):
@@ -171,6 +187,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-concurrency", type=int, default=8)
     p.add_argument("--output-len", type=int, default=32)
     p.add_argument("--threads", type=int, default=torch.get_num_threads())
+    p.add_argument(
+        "--dtype",
+        choices=["float32", "bfloat16"],
+        default="float32",
+        help="the engines' dtype: rates and weight bytes",
+    )
     p.add_argument("--measured", action="append", default=[], metavar="NAME=SECONDS")
     p.add_argument("--json", type=Path)
     args = p.parse_args(argv)
@@ -201,11 +223,12 @@ def main(argv: list[str] | None = None) -> int:
         ):
             parts[key] += value
 
-    rates = machine_rates(shapes, largest)
+    dtype = getattr(torch, args.dtype)
+    rates = machine_rates(shapes, largest, dtype)
     bandwidth = rates.pop("read bandwidth")
     best = max(rates.values())
     steps = math.ceil(args.num_prompts / args.max_concurrency) * args.output_len
-    decode_s = steps * language_weights(shapes) * 4 / bandwidth
+    decode_s = steps * language_weights(shapes) * dtype.itemsize / bandwidth
     compute_s = sum(parts.values()) / best
     floor_s = compute_s + decode_s
 
@@ -219,7 +242,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  rate: {name:34s} {rate / 1e9:6.1f} GFLOP/s")
     print(
         f"  read bandwidth {bandwidth / 1e9:.1f} GB/s; "
-        f"decode: {steps} steps x fp32 weights = {decode_s:.1f} s"
+        f"decode: {steps} steps x {args.dtype} weights = {decode_s:.1f} s"
     )
     print(
         f"floor: {compute_s:.1f} s of FLOPs at {best / 1e9:.1f} GFLOP/s "
@@ -243,6 +266,7 @@ def main(argv: list[str] | None = None) -> int:
             "decode_s": decode_s,
             "measured_s": measured,
             "threads": args.threads,
+            "dtype": args.dtype,
         }
         args.json.write_text(json.dumps(report, indent=2))
     return 0
