@@ -15,6 +15,7 @@
 #include <optional>
 #include <string_view>
 
+#include "kernels.h"
 #include "ops.h"
 
 namespace mmserve {
@@ -23,7 +24,6 @@ namespace {
 // weights: the input norm, q/k/v (packed), o (packed), the post-attention norm, gate/up (packed),
 // down (packed); qk_norms: the per-head q and k norms (Qwen3) or none.
 enum Weight { kInputNorm, kQkv, kO, kPostNorm, kGateUp, kDown, kNumWeights };
-constexpr int64_t kPanelWidth = 16;    // output columns per packed panel (linear.cpp)
 // tokens for which the MLP's SwiGLU runs inside the gate/up linear (gate_up_activation)
 constexpr int64_t kMinGatedRows = 4;
 constexpr int64_t kMaxGatedRows = 48;
@@ -54,7 +54,7 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const std::opti
 // streams read a little slower than one), ~1.0 at 16, 1.02 at 64, 0.99 at 512.
 at::Tensor gate_up_activation(const at::Tensor& h, const at::Tensor& weight, int64_t intermediate) {
   const int64_t tokens = h.size(0);
-  if (!weight.is_mkldnn() && intermediate % kPanelWidth == 0 && tokens >= kMinGatedRows &&
+  if (!weight.is_mkldnn() && intermediate % kPanelColumns == 0 && tokens >= kMinGatedRows &&
       tokens <= kMaxGatedRows)
     return gated_packed_linear_op(h, weight, std::nullopt, 2 * intermediate);
   const at::Tensor gate_up = linear(h, weight, std::nullopt, 2 * intermediate);

@@ -75,6 +75,9 @@ struct MropeArgs {
   std::vector<int64_t> row_of_channel;  // [head_dim / 2], each 0, 1 or 2
 };
 
+// Output columns per panel of a packed weight (layout: linear.cpp).
+constexpr int64_t kPanelColumns = 16;
+
 // A weight [out_features, in_features] (float32 or bfloat16, rows row_stride apart) packed into
 // panels [ceil(out_features / 16), in_features, 16] of packed_dtype (layout: linear.cpp).
 struct PackWeightArgs {

@@ -53,7 +53,7 @@ namespace mmserve {
 namespace {
 
 using BFloat16 = c10::BFloat16;
-constexpr int64_t kPanel = 16;   // output columns per panel
+constexpr int64_t kPanel = kPanelColumns;  // output columns per panel
 constexpr int kMaxTileRows = 6;  // 12 accumulators + weights + broadcast fit AVX2's 16 registers
 constexpr int64_t kChunkRows = 48;
 // float32 rows up to which a linear is bound by the weight's bandwidth: 2M flops per 4-byte weight
@@ -309,14 +309,13 @@ int64_t task_work(const PackedLinearArgs& args, int64_t weight_bytes) {
 }
 
 // activation[r][16p, 16p + 16) = silu(gate) · up for rows [first, last), from the gate and up
-// columns that panel p and p + gated_width/16 just stored into out.
+// columns that panel p and p + gated_width/16 just stored into out (gated_width % 16 == 0).
 template <typename out_t>
 void gate_panel_epilogue(const PackedLinearArgs& args, int64_t first, int64_t last, int64_t column) {
-  const int64_t columns = std::min(kPanel, args.gated_width - column);
   for (int64_t row = first; row < last; ++row) {
     const out_t* gate = static_cast<const out_t*>(args.out.data) + row * args.out.token_stride + column;
     out_t* activation = static_cast<out_t*>(args.activation.data) + row * args.activation.token_stride + column;
-    silu_mul_span(gate, gate + args.gated_width, activation, columns);
+    silu_mul_span(gate, gate + args.gated_width, activation, kPanel);
   }
 }
 

@@ -101,8 +101,6 @@ void check_positions(const MropeArgs& args, int64_t max_positions) {
   }
 }
 
-constexpr int64_t kPanelColumns = 16;  // linear.cpp's panel width
-
 void check_packed(const at::Tensor& packed, int64_t out_features, int64_t in_features) {
   TORCH_CHECK(packed.device().is_cpu() &&
                   (packed.scalar_type() == at::kBFloat16 || packed.scalar_type() == at::kFloat) &&
