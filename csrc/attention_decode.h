@@ -78,11 +78,10 @@ inline void decode_scores_dot(const DecodeHeads& heads, const c10::BFloat16* con
       }
     }
   }
-  float sums[N];
-  block_sums<N>(acc, sums);
+  static_assert(kDecodeBlockKeys == 4, "one head's block of sums is one __m128");
+  const __m128 scale = _mm_set1_ps(heads.scale);
   for (int i = 0; i < MR; ++i)
-    for (int j = 0; j < kDecodeBlockKeys; ++j)
-      scores[i * kDecodeKeys + j] = sums[i * kDecodeBlockKeys + j] * heads.scale;
+    _mm_storeu_ps(scores + i * kDecodeKeys, _mm_mul_ps(four_lane_sums(acc + i * kDecodeBlockKeys), scale));
 }
 
 // The probabilities of MR heads (decode_softmax's, zero past the tile's count) as bfloat16
@@ -195,6 +194,32 @@ inline void decode_scores(const DecodeHeads& heads, const kv_t* const* k, float*
 // factor e^(old max − new max) for its accumulator, and updates max and sum.
 template <int MR>
 inline void decode_softmax(const DecodeHeads& heads, float* scores, int count, float* alpha) {
+#if defined(CPU_CAPABILITY_AVX512)
+  // The MR heads side by side, so their reductions' latencies overlap; entries past count are
+  // masked to −inf in registers, and the max is the plain vmaxps (a NaN score makes its
+  // probabilities NaN either way: exp(NaN − max), or every exp(s − NaN)).
+  static_assert(kDecodeKeys == 2 * kVecSize, "two vectors of scores per head");
+  const __mmask16 low_mask = count >= 16 ? 0xffff : static_cast<__mmask16>((1u << count) - 1);
+  const __mmask16 high_mask = count >= 32 ? 0xffff : count <= 16 ? 0 : static_cast<__mmask16>((1u << (count - 16)) - 1);
+  const __m512 neg_inf = _mm512_set1_ps(kNegInf);
+  __m512 low[MR], high[MR];
+  float new_max[MR];
+  for (int i = 0; i < MR; ++i) {
+    low[i] = _mm512_mask_loadu_ps(neg_inf, low_mask, scores + i * kDecodeKeys);
+    high[i] = _mm512_mask_loadu_ps(neg_inf, high_mask, scores + i * kDecodeKeys + 16);
+  }
+  for (int i = 0; i < MR; ++i)
+    new_max[i] = std::max(heads.max[i], _mm512_reduce_max_ps(_mm512_max_ps(low[i], high[i])));
+  for (int i = 0; i < MR; ++i) {
+    const Vec shift(new_max[i]);
+    const Vec p_low = (Vec(low[i]) - shift).exp_u20(), p_high = (Vec(high[i]) - shift).exp_u20();
+    p_low.store(scores + i * kDecodeKeys);
+    p_high.store(scores + i * kDecodeKeys + 16);
+    alpha[i] = std::exp(heads.max[i] - new_max[i]);  // 0 on the first tile (max was −inf)
+    heads.sum[i] = heads.sum[i] * alpha[i] + _mm512_reduce_add_ps(p_low + p_high);
+    heads.max[i] = new_max[i];
+  }
+#else
   for (int i = 0; i < MR; ++i) {
     float* s = scores + i * kDecodeKeys;
     std::fill(s + count, s + kDecodeKeys, kNegInf);
@@ -212,6 +237,7 @@ inline void decode_softmax(const DecodeHeads& heads, float* scores, int count, f
     heads.sum[i] = heads.sum[i] * alpha[i] + reduce_sum(vsum);
     heads.max[i] = new_max;
   }
+#endif
 }
 
 // acc_i[d0, d0 + DR vectors) ← alpha_i · acc_i + Σ_n p_i[n] · v_n for MR heads and count keys.
