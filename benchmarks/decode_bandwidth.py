@@ -14,12 +14,19 @@ at ~35 GB/s for seconds, then at ~60, then back. So a read sample is taken befor
 `SAMPLE_EVERY` steps, each such window of steps is held to the floor of its own sample, and the
 ratio reported is the median of the windows' ratios (a median of all steps against a median of
 all samples would compare a step of one state with a floor of the other).
+
+The bytes are not the only floor: a step also does 2 FLOPs per weight and batch row (and the
+attention's 4 per head dimension, head and cached key), which at batch 8 on two cores take about
+as long as the reads. So the arithmetic floor is printed beside it: those FLOPs ÷ the rate of a
+large matmul in the model's dtype, measured in the same process (the fastest dense work the
+machine does). Neither floor is reachable alone; a step near both must overlap the two fully.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import statistics
 import time
@@ -30,6 +37,7 @@ import torch
 
 from mmserve.entrypoints.llm import LLM
 from mmserve.layers.packed_weights import weight_bytes as packed_weight_bytes
+from mmserve.model_config import ModelConfig
 from mmserve.ops.huge_pages import empty_on_huge_pages
 from mmserve.sampling_params import SamplingParams
 from mmserve.testing.checkpoints import checkpoint
@@ -71,6 +79,31 @@ class ReadBandwidth:
             self.buffer.sum()
             seconds.append(time.perf_counter() - start)
         self.samples.append(self.buffer.numel() * 4 / min(seconds))
+
+
+def matmul_rate(dtype: torch.dtype, size: int = 2048, rounds: int = 5) -> float:
+    """FLOP/s of a large square matmul in `dtype` (best of `rounds`: the machine's dense peak as
+    torch reaches it, with this process's threads)."""
+    a, b = torch.randn(size, size, dtype=dtype), torch.randn(size, size, dtype=dtype)
+    a @ b
+    best = math.inf
+    for _ in range(rounds):
+        start = time.perf_counter()
+        a @ b
+        best = min(best, time.perf_counter() - start)
+    return 2 * size**3 / best
+
+
+def step_flops(config: ModelConfig, batch: int, context: int) -> float:
+    """FLOPs of one decode step of `batch` rows at `context` cached keys: every linear of the
+    language model and the LM head (2 per weight and row), and attention's scores and values
+    (4 per head dimension, query head and key)."""
+    hidden = config.hidden_size
+    q, kv = config.num_heads * config.head_dim, config.num_kv_heads * config.head_dim
+    per_layer = hidden * (q + 2 * kv) + q * hidden + 3 * hidden * config.intermediate_size
+    weights = config.num_layers * per_layer + config.vocab_size * hidden
+    attention = 4 * config.num_layers * q * context
+    return batch * (2 * weights + attention)
 
 
 def weight_bytes(llm: LLM) -> int:
@@ -139,6 +172,7 @@ def main() -> None:
     )
     config = llm.config.model
     bandwidth = stream_bandwidth()  # reported; the floors use the interleaved readings below
+    peak = matmul_rate(config.dtype)
     kv_bytes_per_token = 2 * config.num_layers * config.num_kv_heads * config.head_dim * config.dtype.itemsize
     weights = weight_bytes(llm)
     rows = []
@@ -148,6 +182,7 @@ def main() -> None:
         step = statistics.median(times)
         read = statistics.median(reader.samples)
         kv = batch * (args.context + args.steps // 2) * kv_bytes_per_token
+        arithmetic_floor = step_flops(config, batch, args.context + args.steps // 2) / peak
         # window i: the steps after read sample i, against that sample's floor
         windows = [
             ((weights + kv) / sample, statistics.median(times[i * SAMPLE_EVERY : (i + 1) * SAMPLE_EVERY]))
@@ -167,6 +202,8 @@ def main() -> None:
                 "floor_s": (weights + kv) / read,
                 "floor_over_step": statistics.median(window_ratios),
                 "effective_bytes_per_s": (weights + kv) / step,
+                "arithmetic_floor_s": arithmetic_floor,
+                "arithmetic_floor_over_step": arithmetic_floor / step,
             }
         )
     result = {
@@ -176,6 +213,7 @@ def main() -> None:
         "threads": torch.get_num_threads(),
         "load_before": os.getloadavg()[0],
         "bandwidth": bandwidth,
+        "matmul_flops_per_s": peak,
         "rows": rows,
     }
     print(
@@ -184,11 +222,11 @@ def main() -> None:
     )
     print(
         f"STREAM copy {bandwidth['copy_bytes_per_s'] / 1e9:.1f} GB/s, "
-        f"read {bandwidth['read_bytes_per_s'] / 1e9:.1f} GB/s"
+        f"read {bandwidth['read_bytes_per_s'] / 1e9:.1f} GB/s; matmul {peak / 1e9:.0f} GFLOP/s"
     )
     print(
         f"{'batch':>5} {'step ms':>9} {'read GB/s (range)':>18} {'floor ms':>9} {'floor/step':>11} "
-        f"{'(windows)':>11} {'GB/s':>7}"
+        f"{'(windows)':>11} {'GB/s':>7} {'arith ms':>9} {'arith/step':>11}"
     )
     for row in rows:
         samples = [s / 1e9 for s in row["read_samples"]]
@@ -197,7 +235,8 @@ def main() -> None:
             f"{row['batch']:>5} {1e3 * row['median_step_s']:>9.2f} "
             f"{f'{min(samples):.0f}-{max(samples):.0f}':>18} "
             f"{1e3 * row['floor_s']:>9.2f} {row['floor_over_step']:>11.2f} "
-            f"{f'{min(ratios):.2f}-{max(ratios):.2f}':>11} {row['effective_bytes_per_s'] / 1e9:>7.1f}"
+            f"{f'{min(ratios):.2f}-{max(ratios):.2f}':>11} {row['effective_bytes_per_s'] / 1e9:>7.1f} "
+            f"{1e3 * row['arithmetic_floor_s']:>9.2f} {row['arithmetic_floor_over_step']:>11.2f}"
         )
     if args.json:
         with open(args.json, "w") as f:
