@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import statistics
 import time
@@ -35,6 +34,7 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
+from benchmarks.compute_floor import timed_rate
 from mmserve.entrypoints.llm import LLM
 from mmserve.layers.packed_weights import weight_bytes as packed_weight_bytes
 from mmserve.model_config import ModelConfig
@@ -81,17 +81,11 @@ class ReadBandwidth:
         self.samples.append(self.buffer.numel() * 4 / min(seconds))
 
 
-def matmul_rate(dtype: torch.dtype, size: int = 2048, rounds: int = 5) -> float:
-    """FLOP/s of a large square matmul in `dtype` (best of `rounds`: the machine's dense peak as
-    torch reaches it, with this process's threads)."""
+def matmul_rate(dtype: torch.dtype, size: int = 2048) -> float:
+    """FLOP/s of a large square matmul in `dtype`: the machine's dense peak as torch reaches it,
+    with this process's threads."""
     a, b = torch.randn(size, size, dtype=dtype), torch.randn(size, size, dtype=dtype)
-    a @ b
-    best = math.inf
-    for _ in range(rounds):
-        start = time.perf_counter()
-        a @ b
-        best = min(best, time.perf_counter() - start)
-    return 2 * size**3 / best
+    return timed_rate(2 * size**3, lambda: a @ b)
 
 
 def step_flops(config: ModelConfig, batch: int, context: int) -> float:
