@@ -116,6 +116,9 @@ void pack_weight(const PackWeightArgs& args);
 // Whether this is an AVX512-BF16 build (MMSERVE_BF16_DOT): bfloat16 weights packed in K pairs for
 // vdpbf16ps (linear.cpp), bfloat16 varlen attention on it (varlen_attention_dot.cpp).
 bool bf16_dot_products();
+// Whether bfloat16 linears of at least 16 rows over K-pair panels run on AMX tiles: an AMX build
+// (MMSERVE_AMX) in a process the kernel granted the tile registers (linear_amx.h).
+bool amx_tiles();
 void packed_linear(const PackedLinearArgs& args);
 
 }  // namespace mmserve

@@ -354,6 +354,7 @@ TORCH_LIBRARY(mmserve_cpu, m) {
   m.def("gated_packed_linear(Tensor x, Tensor packed, Tensor? bias, int out_features) -> Tensor");
   // The shortest prompt chunk paged_attention hands to torch's flash kernel (prompt_attention.h).
   m.def("bf16_dot_products() -> bool", []() -> bool { return mmserve::bf16_dot_products(); });
+  m.def("amx_tiles() -> bool", []() -> bool { return mmserve::amx_tiles(); });
   m.def("prompt_attention_min_queries() -> int",
         []() -> int64_t { return mmserve::kPromptAttentionMinQueries; });
 }

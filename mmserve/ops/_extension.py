@@ -83,6 +83,8 @@ def build_target() -> BuildTarget:
     flags = cpu_flags()
     if capability == "AVX512" and "avx512_bf16" in flags.split():
         macros += ["-DMMSERVE_BF16_DOT", "-mavx512bf16"]  # vdpbf16ps: linear.cpp, varlen_attention_dot.cpp
+        if "amx_bf16" in flags.split():
+            macros += ["-DMMSERVE_AMX", "-mamx-tile", "-mamx-bf16"]  # tdpbf16ps: linear_amx.h
     cflags = ("-O3", "-fopenmp", *macros, *_FLAGS_BY_CAPABILITY[capability])
     return BuildTarget(capability, cflags, flags)
 

@@ -17,6 +17,7 @@ from mmserve.ops.huge_pages import empty_on_huge_pages
 
 __all__ = [
     "KernelBuildError",
+    "amx_tiles",
     "bf16_dot_products",
     "bind_threads",
     "decoder_layer",
@@ -139,6 +140,13 @@ def bf16_dot_products() -> bool:
     head_dim up to 256 runs on it (csrc/varlen_attention_dot.cpp); else a bfloat16 linear widens
     each weight to float32 in registers (AVX2 + FMA) and varlen attention runs on the tile engine."""
     return ops().bf16_dot_products.default()
+
+
+def amx_tiles() -> bool:
+    """Whether bfloat16 linears of 16 rows or more over K-pair panels (K a multiple of 32) run on
+    AMX's tdpbf16ps (csrc/linear_amx.h): an AMX-BF16 build in a process Linux granted the tile
+    registers. The same packed weight serves decode on vdpbf16ps."""
+    return ops().amx_tiles.default()
 
 
 def pack_weight(weight: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:

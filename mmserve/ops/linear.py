@@ -12,8 +12,8 @@ AMD EPYC (BENCHMARKS.md, "CPU linear layers", has the earlier figures):
 - float32, large rows only: oneDNN's prepacked weight (`torch.ops.mkldnn`, as vLLM's CPU backend
   uses oneDNN): faster than MKL's sgemm at every M, and than the panels at K=2560 N=640 (the
   vision MLP's down projection: 0.77× for the panels at M=512);
-- bfloat16, small rows, on AVX512-BF16 without AMX: csrc's `packed_linear` over K-pair panels
-  multiplied by vdpbf16ps (`bf16_dot_products_lead`);
+- bfloat16, small rows, on AVX512-BF16: csrc's `packed_linear` over K-pair panels multiplied by
+  vdpbf16ps, and on AMX tiles from two rows where the CPU has AMX (`bf16_panels_lead`);
 - bfloat16 where oneDNN computes in bfloat16 (AVX512-BF16, AMX, AVX-NE-CONVERT) otherwise:
   oneDNN (but where `float32_outruns_bfloat16`, a bf16 model's vision tower is loaded in
   float32, so its layers take the float32 choices);
@@ -151,13 +151,29 @@ def bf16_dot_products_lead() -> bool:
     return cpu.bf16_dot_products() and "amx_bf16" not in cpu_flags().split()
 
 
+@cache
+def bf16_panels_lead() -> bool:
+    """Whether a bfloat16 layer that also runs at a few rows (a language model's) is fastest on
+    csrc's K-pair panels: where they multiply on vdpbf16ps and oneDNN has no AMX
+    (`bf16_dot_products_lead`), and where the panels themselves run on AMX tiles from two rows
+    (`cpu.amx_tiles`). On a 2-core Emerald Rapids with AMX (`python -m benchmarks.linear_cpu --shape
+    768 2048`, weights streamed from memory) the panels took 0.09 / 0.10 ms at 1 / 8 rows against
+    oneDNN's 0.14-0.16 / 0.15-0.17, and 0.27 / 2.0-2.2 ms at 64 / 512 rows against 0.28 / 2.0-2.1;
+    oneDNN leads from ~2048 rows (7.2 against 9.8 ms), more than a prefill chunk usually holds.
+    The mid model's decode step (`benchmarks.decode_bandwidth`) went from 0.48 / 0.47 of the
+    bandwidth floor to 0.78 / 0.55 at batch 1 / 8."""
+    from mmserve.ops import cpu
+
+    return bf16_dot_products_lead() or cpu.amx_tiles()
+
+
 def pack_cpu_linear(weight: torch.Tensor, small_rows: bool = True) -> LinearMethod:
     """The fastest method for `weight` [out_features, in_features] on this CPU (module docstring);
     `small_rows`: the layer also runs at a few rows (decode). The method holds its own copy of
     the weight, so the caller may drop the plain one."""
     if weight.dtype == torch.float32 and small_rows:
         return PanelLinear(weight)
-    if weight.dtype == torch.bfloat16 and small_rows and bf16_dot_products_lead():
+    if weight.dtype == torch.bfloat16 and small_rows and bf16_panels_lead():
         return PanelLinear(weight)
     if weight.dtype in (torch.float32, torch.bfloat16) and onednn_supports(weight.dtype):
         return OneDnnLinear(weight)

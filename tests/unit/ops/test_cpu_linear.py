@@ -118,6 +118,42 @@ def test_gated_linear_is_the_linear_then_silu_and_mul_bit_for_bit(seed, x_dtype,
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5 * in_features)
 
 
+# Row counts around AMX's 16-row tiles and 32-row blocks (and a 48-row chunk's end), at K a
+# multiple of 32: the tiles' path where the CPU has AMX (cpu.amx_tiles), vdpbf16ps elsewhere.
+AMX_ROWS = [16, 17, 31, 32, 33, 47, 48, 49, 81, 130]
+
+
+@pytest.mark.parametrize("rows", AMX_ROWS)
+@pytest.mark.parametrize(("out_features", "in_features"), [(16, 32), (40, 96), (200, 768)])
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_bfloat16_panels_at_tile_row_counts_match_reference(rows, out_features, in_features, with_bias):
+    x = strided_rows(rows, in_features, torch.bfloat16, seed=rows)
+    weight = torch.randn(out_features, in_features, generator=torch.Generator().manual_seed(rows)).bfloat16()
+    bias = torch.randn(out_features).bfloat16() if with_bias else None
+    got = cpu.packed_linear(x, cpu.pack_weight(weight, torch.bfloat16), bias, out_features)
+    assert got.dtype == torch.bfloat16 and got.shape == (rows, out_features)
+    torch.testing.assert_close(got, reference.linear(x, weight, bias), **bf16_tolerance(in_features))
+
+
+@pytest.mark.parametrize("rows", AMX_ROWS)
+def test_gated_linear_at_tile_row_counts_is_the_linear_then_silu_and_mul(rows):
+    x = strided_rows(rows, 96, torch.bfloat16, seed=rows)
+    weight = torch.randn(2 * 48, 96, generator=torch.Generator().manual_seed(rows)).bfloat16()
+    packed = cpu.pack_weight(weight)
+    got = cpu.gated_packed_linear(x, packed, None, 2 * 48)
+    assert torch.equal(got, cpu.silu_and_mul(cpu.packed_linear(x, packed, None, 2 * 48)))
+    want = reference.silu_and_mul(reference.linear(x, weight))
+    torch.testing.assert_close(got, want, rtol=2**-5, atol=1e-4 * 96)
+
+
+def test_amx_tiles_wherever_the_cpu_and_build_have_them():
+    """An AVX512-BF16 build on a CPU with AMX-BF16 runs its bfloat16 prefill linears on AMX: the
+    build adds the tile instructions and the process gets the tile registers from Linux."""
+    from mmserve.ops._extension import cpu_flags
+
+    assert cpu.amx_tiles() is (cpu.bf16_dot_products() and "amx_bf16" in cpu_flags().split())
+
+
 def test_gated_linear_keeps_leading_dimensions_and_refuses_a_width_off_the_panels():
     weight = torch.randn(64, 24).bfloat16()
     x = torch.randn(2, 3, 24).bfloat16()
@@ -166,7 +202,7 @@ def test_pack_cpu_linear_chooses_by_dtype_and_row_counts():
     onednn_fp32, onednn_bf16 = linear.onednn_supports(torch.float32), linear.onednn_supports(torch.bfloat16)
     assert isinstance(fp32_decode, linear.PanelLinear) and fp32_decode.packed.dtype == torch.float32
     assert isinstance(fp32_large, linear.OneDnnLinear if onednn_fp32 else linear.PlainLinear)
-    pair_panels = linear.bf16_dot_products_lead()
+    pair_panels = linear.bf16_panels_lead()
     assert isinstance(bf16, linear.OneDnnLinear if onednn_bf16 and not pair_panels else linear.PanelLinear)
     bf16_large = linear.pack_cpu_linear(torch.randn(8, 8).bfloat16(), small_rows=False)
     assert isinstance(bf16_large, linear.OneDnnLinear if onednn_bf16 else linear.PanelLinear)
