@@ -515,8 +515,9 @@ bool on_amx_tiles(const PackedLinearArgs& args) {
   return args.num_rows >= kMinAmxRows && args.in_features % amx::kTileDepth == 0 && amx::permitted();
 }
 
-// store_tile for rows [first, last) of a whole chunk, 16 columns at a time in AVX-512 where the
-// panel is full (AMX leaves the epilogue as the larger part of a task's instructions otherwise).
+// store_tile for the rows [first, last) of one AMX block (acc holds them from row `first`), 16
+// columns at a time in AVX-512 where the panel is full: with the products on AMX, a scalar
+// epilogue would be a large part of a task's instructions.
 template <typename out_t, typename bias_t>
 void store_rows(const PackedLinearArgs& args, const float* acc, int64_t first, int64_t last, int64_t column) {
   if (column + kPanel > args.out_features) return store_tile<out_t, bias_t>(args, acc, first, last - first, column);
