@@ -98,7 +98,7 @@ void paged_attention(const PagedAttentionArgs& args) {
 }
 
 void varlen_attention(const VarlenAttentionArgs& args) {
-  if (varlen_attention_dot(args)) return;
+  if (varlen_attention_amx(args) || varlen_attention_dot(args)) return;
   const attention::Plan plan =
       attention::make_plan(args.sequences, static_cast<int>(args.num_heads), 1,
                            useful_threads(attention_work(args.sequences, args.num_heads, args.num_heads,

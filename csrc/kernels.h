@@ -107,6 +107,9 @@ void varlen_attention(const VarlenAttentionArgs& args);
 // varlen_attention on vdpbf16ps (varlen_attention_dot.cpp): false, having done nothing, unless this is an
 // AVX512-BF16 build and the rows are bfloat16 with an even head_dim of at most 256.
 bool varlen_attention_dot(const VarlenAttentionArgs& args);
+// The same on AMX tiles (varlen_attention_amx.cpp): false, having done nothing, unless this is an
+// AMX build in a process granted the tile registers and the rows are as varlen_attention_dot takes.
+bool varlen_attention_amx(const VarlenAttentionArgs& args);
 void write_kv(const WriteKvArgs& args);
 void rms_norm(const RmsNormArgs& args);
 void fused_add_rms_norm(const FusedAddRmsNormArgs& args);
@@ -116,8 +119,9 @@ void pack_weight(const PackWeightArgs& args);
 // Whether this is an AVX512-BF16 build (MMSERVE_BF16_DOT): bfloat16 weights packed in K pairs for
 // vdpbf16ps (linear.cpp), bfloat16 varlen attention on it (varlen_attention_dot.cpp).
 bool bf16_dot_products();
-// Whether bfloat16 linears of at least 16 rows over K-pair panels run on AMX tiles: an AMX build
-// (MMSERVE_AMX) in a process the kernel granted the tile registers (linear_amx.h).
+// Whether bfloat16 linears of at least 2 rows over K-pair panels (linear_amx.h) and bfloat16
+// varlen attention (varlen_attention_amx.cpp) run on AMX tiles: an AMX build (MMSERVE_AMX) in a
+// process the kernel granted the tile registers.
 bool amx_tiles();
 void packed_linear(const PackedLinearArgs& args);
 

@@ -2,89 +2,48 @@
 // (MMSERVE_BF16_DOT): bidirectional within each packed segment, online softmax in float32.
 //
 // Both products are the K-pair panel product of linear.cpp: a broadcast pair of bfloat16 from a
-// row times 16 columns of a panel holding, per 32-bit word, the same pair for one column.
-// - Scores: q · kᵀ with the pair along head_dim. Each (segment, head)'s keys are packed once into
-//   panels of 16 keys (panel b, pair p: words c = (k[16b + c][2p], k[16b + c][2p + 1])), so one
-//   zmm of scores is D / 2 instructions.
-// - Output: p · v with the pair along the keys. Values are packed once into, per key pair j and
-//   column panel c of head_dim: words (v[2j][16c + t], v[2j + 1][16c + t]). The probabilities
-//   are rounded to bfloat16 for this product (as torch's flash kernel does for reduced
-//   precision), the sums, the running max and the normaliser stay float32.
+// row times 16 columns of a panel holding, per 32-bit word, the same pair for one column
+// (varlen_attention_pack.h packs the keys and values so).
+// - Scores: q · kᵀ with the pair along head_dim: one zmm of scores is D / 2 instructions.
+// - Output: p · v with the pair along the keys. The probabilities are rounded to bfloat16 for
+//   this product (as torch's flash kernel does for reduced precision), the sums, the running
+//   max and the normaliser stay float32.
 // A tile of kTileRows query rows runs over blocks of kBlockKeys keys: its 6 × 4 score vectors
-// stay in registers; keys past the segment's end are padding (zero in both packs, masked to
-// −inf). Work: one task per kTaskRows query rows of a (segment, head), after a parallel pass
-// that packs every (segment, head)'s keys and values.
-#include <ATen/Parallel.h>
-
+// stay in registers. Work: one task per kTaskRows query rows of a (segment, head), after a
+// parallel pass that packs every (segment, head)'s keys and values.
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 #include <limits>
-#include <vector>
 
 #include "kernels.h"
 
 #if defined(CPU_CAPABILITY_AVX512) && defined(MMSERVE_BF16_DOT)
-#include <immintrin.h>
+#include "varlen_attention_pack.h"
 
 namespace mmserve {
 namespace {
 
-using BFloat16 = c10::BFloat16;
-constexpr int kLanes = 16;                      // float32 lanes of a zmm: keys per score vector
-constexpr int kScoreVecs = 4;                   // score vectors per row and block
-constexpr int kBlockKeys = kLanes * kScoreVecs;  // keys per online-softmax step
+using namespace varlen;
 constexpr int kTileRows = 6;                    // 24 score accumulators of the 32 registers
 constexpr int kMaxOutputPanels = 4;             // output column panels accumulated at once
-constexpr int64_t kMaxHeadDim = 256;
 constexpr int64_t kTaskRows = 48;
-constexpr float kLog2E = 1.4426950408889634f;
-
-inline int32_t load_pair(const BFloat16* x) {
-  int32_t pair;
-  std::memcpy(&pair, x, sizeof(pair));
-  return pair;
-}
 
 inline __m512bh as_pairs(__m512i bits) { return (__m512bh)bits; }
 
-// One (segment, head)'s packed keys and values, and where its rows are.
-struct Packed {
-  const BFloat16* keys;    // [padded_keys / 16][head_dim / 2][16][2]
-  const BFloat16* values;  // [padded_keys / 2][column_panels][16][2]
-};
-
-struct Shape {
-  int64_t head_dim, pairs, column_panels, padded_keys;
-};
-
-void pack_keys_values(const VarlenAttentionArgs& args, const attention::Sequence& segment, int64_t head,
-                      const Shape& shape, BFloat16* keys, BFloat16* values) {
-  const BFloat16* key = static_cast<const BFloat16*>(args.key.data) + head * args.key.head_stride;
-  const BFloat16* value = static_cast<const BFloat16*>(args.value.data) + head * args.value.head_stride;
-  const int64_t num_keys = segment.num_queries;
-  // Keys as 32-bit words (one pair each): word p of key n goes to panel n / 16, row p, slot n % 16.
-  int32_t* key_words = reinterpret_cast<int32_t*>(keys);
-  for (int64_t n = 0; n < shape.padded_keys; ++n) {
-    int32_t* slot = key_words + (n / kLanes) * shape.pairs * kLanes + n % kLanes;
-    if (n >= num_keys) {
-      for (int64_t p = 0; p < shape.pairs; ++p) slot[p * kLanes] = 0;
-      continue;
-    }
-    const BFloat16* row = key + (segment.query_begin + n) * args.key.token_stride;
-    for (int64_t p = 0; p < shape.pairs; ++p) slot[p * kLanes] = load_pair(row + 2 * p);
-  }
-  // Values: column d of keys 2j and 2j + 1 side by side at 2d of pair j's run (panel d / 16 of 16
-  // words is exactly that); columns past head_dim and keys past the segment are zero.
-  const int64_t width = shape.column_panels * kLanes;
-  for (int64_t j = 0; j < shape.padded_keys / 2; ++j) {
-    BFloat16* run = values + j * 2 * width;
-    std::memset(static_cast<void*>(run), 0, 2 * width * sizeof(BFloat16));
-    for (int64_t e = 0; e < 2 && 2 * j + e < num_keys; ++e) {
-      const BFloat16* row = value + (segment.query_begin + 2 * j + e) * args.value.token_stride;
-      for (int64_t d = 0; d < shape.head_dim; ++d) run[2 * d + e] = row[d];
-    }
-  }
+// 2^x for x ≤ 0, and 0 below 2^−126 (so −inf and NaN give 0): 2^n · 2^f with n = round(x) and
+// f = x − n in [−½, ½], 2^f by a polynomial of degree 4 fitted for relative error (under 2.6e-6,
+// where bfloat16's rounding of the probabilities is 2^−9), 2^n applied by vscalefps. 9
+// instructions where ATen's exp_u20 and the subtraction and scaling before it take 21.
+inline __m512 exp2_nonpositive(__m512 x) {
+  const __m512 n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m512 f = _mm512_sub_ps(x, n);
+  __m512 p = _mm512_set1_ps(9.570081718266010e-3f);
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.591785907745361e-2f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.2402474582195282f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.6931217908859253f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.9999992847442627f));
+  const __mmask16 representable = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-126.f), _CMP_GE_OQ);
+  return _mm512_maskz_scalef_ps(representable, p, n);
 }
 
 // Running state of a tile's rows: output sums [R][column_panels · 16], max, and the normaliser
@@ -95,24 +54,6 @@ struct TileState {
   __m512* sum;
   int64_t out_stride;
 };
-
-// 2^x for x ≤ 0, and 0 below 2^−126 (so −inf and NaN give 0): 2^n · 2^f with n = round(x) and
-// f = x − n in [−½, ½], 2^f by its Taylor polynomial of degree 6 (relative error under 1.2e-7 before
-// rounding), 2^n applied by vscalefps. 11 instructions where ATen's exp_u20 and the subtraction and
-// scaling before it take 21; the probabilities are rounded to bfloat16 afterwards anyway.
-inline __m512 exp2_nonpositive(__m512 x) {
-  const __m512 n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  const __m512 f = _mm512_sub_ps(x, n);
-  __m512 p = _mm512_set1_ps(1.5403530393381606e-4f);  // ln(2)^k / k!, k = 6 .. 0
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.3333558146428443e-3f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.618129107628477e-3f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.550410866482158e-2f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.2402265069591007f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.6931471805599453f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.f));
-  const __mmask16 representable = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-126.f), _CMP_GE_OQ);
-  return _mm512_maskz_scalef_ps(representable, p, n);
-}
 
 // scores[r][·] of R query rows against keys [block, block + 64), in base-2 units (scaled by
 // scale · log2 e, so that e^(s − max) is 2^(s₂ − max₂)), padding at −inf.
@@ -260,39 +201,10 @@ void attend_rows(const VarlenAttentionArgs& args, const attention::Sequence& seg
 
 bool varlen_attention_dot(const VarlenAttentionArgs& args) {
   if (args.query.dtype != Dtype::kBFloat16 || args.head_dim % 2 != 0 || args.head_dim > kMaxHeadDim) return false;
-  const int64_t num_heads = args.num_heads;
-  const int64_t column_panels = (args.head_dim + kLanes - 1) / kLanes;
-  std::vector<Shape> shapes;
-  std::vector<int64_t> offsets{0};  // of each (segment, head)'s packs, in elements
-  for (const attention::Sequence& segment : args.sequences) {
-    const int64_t padded = (segment.num_queries + kBlockKeys - 1) / kBlockKeys * kBlockKeys;
-    shapes.push_back({args.head_dim, args.head_dim / 2, column_panels, padded});
-    for (int64_t h = 0; h < num_heads; ++h) offsets.push_back(offsets.back() + padded * column_panels * kLanes);
-  }
-  const int64_t units = static_cast<int64_t>(args.sequences.size()) * num_heads;
-  // Keys need padded · head_dim elements, values padded · column_panels · 16: both fit the stride.
-  std::vector<BFloat16> keys(offsets.back()), values(offsets.back());
-  at::parallel_for(0, units, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t unit = begin; unit < end; ++unit)
-      pack_keys_values(args, args.sequences[unit / num_heads], unit % num_heads, shapes[unit / num_heads],
-                       keys.data() + offsets[unit], values.data() + offsets[unit]);
-  });
-  struct Task {
-    int64_t unit, begin, end;
-  };
-  std::vector<Task> tasks;
-  for (int64_t unit = 0; unit < units; ++unit) {
-    const int64_t rows = args.sequences[unit / num_heads].num_queries;
-    for (int64_t begin = 0; begin < rows; begin += kTaskRows) tasks.push_back({unit, begin, std::min(rows, begin + kTaskRows)});
-  }
-  at::parallel_for(0, static_cast<int64_t>(tasks.size()), 1, [&](int64_t begin, int64_t end) {
-    for (int64_t t = begin; t < end; ++t) {
-      const Task& task = tasks[t];
-      const int64_t s = task.unit / num_heads;
-      const Packed packed{keys.data() + offsets[task.unit], values.data() + offsets[task.unit]};
-      attend_rows(args, args.sequences[s], task.unit % num_heads, packed, shapes[s], task.begin, task.end);
-    }
-  });
+  const Packs packs = pack_segments(args, 1);
+  for_each_task(args, packs, kTaskRows,
+                [&](const attention::Sequence& segment, int64_t head, const Packed& packed, const Shape& shape,
+                    int64_t begin, int64_t end) { attend_rows(args, segment, head, packed, shape, begin, end); });
   return true;
 }
 

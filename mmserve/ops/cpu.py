@@ -137,14 +137,16 @@ PANEL_COLUMNS = 16  # output columns per panel of a packed weight (csrc/linear.c
 def bf16_dot_products() -> bool:
     """Whether this build multiplies bfloat16 with AVX512-BF16's vdpbf16ps: then bfloat16
     weights are packed in K pairs (csrc/linear.cpp) and bfloat16 `varlen_attention` with an even
-    head_dim up to 256 runs on it (csrc/varlen_attention_dot.cpp); else a bfloat16 linear widens
+    head_dim up to 256 runs on it (csrc/varlen_attention_dot.cpp), or on AMX tiles where
+    `amx_tiles` (csrc/varlen_attention_amx.cpp); else a bfloat16 linear widens
     each weight to float32 in registers (AVX2 + FMA) and varlen attention runs on the tile engine."""
     return ops().bf16_dot_products.default()
 
 
 def amx_tiles() -> bool:
-    """Whether bfloat16 linears of 16 rows or more over K-pair panels (K a multiple of 32) run on
-    AMX's tdpbf16ps (csrc/linear_amx.h): an AMX-BF16 build in a process Linux granted the tile
+    """Whether bfloat16 linears of 2 rows or more over K-pair panels (K a multiple of 32) run on
+    AMX's tdpbf16ps (csrc/linear_amx.h), and bfloat16 `varlen_attention` too
+    (csrc/varlen_attention_amx.cpp): an AMX-BF16 build in a process Linux granted the tile
     registers. The same packed weight serves decode on vdpbf16ps."""
     return ops().amx_tiles.default()
 

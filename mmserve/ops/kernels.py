@@ -59,7 +59,11 @@ TORCH_KERNELS = Kernels(
 # Where `linear.bf16_dot_products_lead` (AVX512-BF16, no AMX), bfloat16 segments of an even
 # head_dim up to 256 go to the kernel's vdpbf16ps path (csrc/varlen_attention_dot.cpp) at every
 # length: on a 2-core Zen 4, 1.5-2.3x SDPA's speed on whole images and 2 x 512 / 4 x 256
-# patches, 1.1x on 64-patch windows (benchmarks/vision_attention_cpu.py).
+# patches, 1.1x on 64-patch windows (benchmarks/vision_attention_cpu.py). Where the panels run on
+# AMX tiles (`cpu.amx_tiles`), the same segments go to the kernel's AMX path
+# (csrc/varlen_attention_amx.cpp): on a 2-core Emerald Rapids it took 0.72-0.92x SDPA's time on
+# the mid model's 4,096-patch image, 2 x 512 / 4 x 256 patches and 64-patch windows, and the
+# same time at head_dim 80 (padded to 96 on the tiles).
 _CPU_VARLEN_MAX_SEGMENT = {"AVX2": 256, "AVX512": 0}
 _DOT_VARLEN_MAX_HEAD_DIM = 256
 
@@ -73,12 +77,12 @@ def cpu_kernels() -> Kernels:
     cpu.ops()  # build or load now, so a failure surfaces here and not in the first step
 
     max_segment = _CPU_VARLEN_MAX_SEGMENT.get(build_target().capability, 0)
-    dot_products = bf16_dot_products_lead()
+    bf16_kernel = bf16_dot_products_lead() or cpu.amx_tiles()
 
     def varlen_attention(query, key, value, cu_seqlens: list[int], scale: float) -> torch.Tensor:
         head_dim = query.shape[-1]
         if (
-            dot_products
+            bf16_kernel
             and query.dtype == torch.bfloat16
             and head_dim % 2 == 0
             and head_dim <= _DOT_VARLEN_MAX_HEAD_DIM

@@ -143,9 +143,9 @@ def bf16_dot_products_lead() -> bool:
     1 8 256 1024`, and 640 1728, 128 704, 352 128) they take 0.39-0.74x oneDNN's time at 1-8
     rows and 0.97-1.20x at 256-4096 rows: decode is memory-bound (and small calls pay oneDNN's
     overhead), prefill a few percent slower; one copy of the weight either way. And bfloat16
-    vision attention runs on csrc's varlen kernel (mmserve.ops.kernels). With AMX, torch's flash
-    kernel is several times faster and stays for vision attention, and the panels themselves
-    multiply on AMX tiles (`bf16_panels_lead`)."""
+    vision attention runs on csrc's varlen kernel (mmserve.ops.kernels). With AMX, oneDNN's
+    matmuls are several times faster than vdpbf16ps, and the panels themselves multiply on AMX
+    tiles (`bf16_panels_lead`), as does csrc's varlen kernel."""
     from mmserve.ops import cpu
     from mmserve.ops._extension import cpu_flags
 

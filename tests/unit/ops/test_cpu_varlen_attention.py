@@ -91,3 +91,35 @@ def test_bfloat16_sharp_attention_matches_reference(sharpness):
     q, k, v = q.bfloat16(), k.bfloat16(), v.bfloat16()
     got = cpu.varlen_attention(q, k, v, bounds, 64**-0.5)
     assert_within_bfloat16_resolution(got, q, k, v, bounds, 64**-0.5)
+
+
+@pytest.mark.parametrize(("num_heads", "head_dim"), [(2, 16), (3, 64), (1, 80), (2, 96), (1, 128)])
+def test_bfloat16_segments_across_row_and_key_blocks_match_reference(num_heads, head_dim):
+    """Segment lengths at and around the AMX path's blocks (AMX builds; the vdpbf16ps path on
+    other AVX512-BF16 CPUs): 16-row tiles and 32-row blocks of queries, 128-key blocks with a
+    64-key block at the end, the next block's scores made during the softmax; head dims that
+    fill whole 32-wide tiles and ones padded to them."""
+    generator = torch.Generator().manual_seed(head_dim + num_heads)
+    lengths = [16, 17, 31, 32, 33, 127, 128, 129, 191, 192, 193, 320]
+    bounds = [0, *np.cumsum(lengths).tolist()]
+    qkv = torch.randn(bounds[-1], 3, num_heads, head_dim, generator=generator).bfloat16()
+    q, k, v = qkv.unbind(1)
+    got = cpu.varlen_attention(q, k, v, bounds, head_dim**-0.5)
+    assert_within_bfloat16_resolution(got, q, k, v, bounds, head_dim**-0.5)
+
+
+def test_cpu_kernel_set_sends_bfloat16_images_to_the_kernel_where_it_leads():
+    """mmserve.ops.kernels: a bfloat16 image goes to csrc's kernel where it runs on vdpbf16ps
+    without AMX or on AMX tiles, to torch's flash kernel elsewhere (the two round differently,
+    so the output tells which ran)."""
+    from mmserve.ops.kernels import cpu_kernels
+    from mmserve.ops.linear import bf16_dot_products_lead
+
+    generator = torch.Generator().manual_seed(7)
+    q, k, v = torch.randn(600, 3, 2, 64, generator=generator).bfloat16().unbind(1)
+    got = cpu_kernels().varlen_attention(q, k, v, [0, 600], 64**-0.5)
+    kernel = cpu.varlen_attention(q, k, v, [0, 600], 64**-0.5)
+    flash = torch_varlen_attention(q, k, v, [0, 600], 64**-0.5)
+    assert not torch.equal(kernel, flash)
+    leads = bf16_dot_products_lead() or cpu.amx_tiles()
+    assert torch.equal(got, kernel if leads else flash)
