@@ -1,6 +1,7 @@
 """Vision-tower (varlen) attention on the CPU in bfloat16: torch's flash kernel (SDPA) on the
-bfloat16 rows, SDPA on rows widened to float32 (conversions included) and csrc's tile engine,
-same process, interleaved.
+bfloat16 rows, SDPA on rows widened to float32 (conversions included) and csrc's kernel
+(`cpu.varlen_attention`: on AMX tiles, on vdpbf16ps or the tile engine, by build), same process,
+interleaved.
 
     .venv/bin/python -m benchmarks.vision_attention_cpu [--rounds 5]
 
@@ -59,7 +60,7 @@ def main() -> None:
             {
                 "sdpa bf16": partial(varlen_attention_sdpa, q, k, v, bounds, scale),
                 "sdpa widened": partial(widened_sdpa, q, k, v, bounds, scale),
-                "tile": partial(cpu.varlen_attention, q, k, v, bounds, scale),
+                "csrc": partial(cpu.varlen_attention, q, k, v, bounds, scale),
             },
             args.rounds,
         )

@@ -15,6 +15,7 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <cstring>
 #include <memory>
@@ -139,8 +140,14 @@ void for_each_task(const VarlenAttentionArgs& args, const Packs& packs, int64_t 
     const int64_t rows = args.sequences[unit / num_heads].num_queries;
     for (int64_t begin = 0; begin < rows; begin += task_rows) tasks.push_back({unit, begin, std::min(rows, begin + task_rows)});
   }
-  at::parallel_for(0, static_cast<int64_t>(tasks.size()), 1, [&](int64_t begin, int64_t end) {
-    for (int64_t t = begin; t < end; ++t) {
+  // Each thread takes the next task from a shared counter rather than a share fixed up front: on a
+  // machine whose cores run at different speeds (a neighbour on one of them) the faster thread
+  // takes more, and neither waits long for the other at the end.
+  const int64_t count = static_cast<int64_t>(tasks.size());
+  std::atomic<int64_t> next{0};
+  at::parallel_for(0, std::min<int64_t>(at::get_num_threads(), count), 1, [&](int64_t, int64_t) {
+    for (int64_t t = next.fetch_add(1, std::memory_order_relaxed); t < count;
+         t = next.fetch_add(1, std::memory_order_relaxed)) {
       const Task& task = tasks[t];
       const int64_t s = task.unit / num_heads;
       attend(args.sequences[s], task.unit % num_heads, packs.of(task.unit), packs.shapes[s], task.begin, task.end);
