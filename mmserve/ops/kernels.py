@@ -61,9 +61,9 @@ TORCH_KERNELS = Kernels(
 # length: on a 2-core Zen 4, 1.5-2.3x SDPA's speed on whole images and 2 x 512 / 4 x 256
 # patches, 1.1x on 64-patch windows (benchmarks/vision_attention_cpu.py). Where the panels run on
 # AMX tiles (`cpu.amx_tiles`), the same segments go to the kernel's AMX path
-# (csrc/varlen_attention_amx.cpp): on a 2-core Emerald Rapids it took 0.72-0.92x SDPA's time on
-# the mid model's 4,096-patch image, 2 x 512 / 4 x 256 patches and 64-patch windows, and the
-# same time at head_dim 80 (padded to 96 on the tiles).
+# (csrc/varlen_attention_amx.cpp): on a 2-core Emerald Rapids it took 0.57-0.91x SDPA's time on
+# the mid model's 4,096-patch image, 2 x 512 / 4 x 256 patches and 64-patch windows, and
+# 0.92-0.97x at head_dim 80 (padded to 96 on the tiles).
 _CPU_VARLEN_MAX_SEGMENT = {"AVX2": 256, "AVX512": 0}
 _DOT_VARLEN_MAX_HEAD_DIM = 256
 
