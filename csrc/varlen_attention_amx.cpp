@@ -298,13 +298,10 @@ void attend_rows(const VarlenAttentionArgs& args, const attention::Sequence& seg
 }  // namespace
 
 bool varlen_attention_amx(const VarlenAttentionArgs& args) {
-  if (args.query.dtype != Dtype::kBFloat16 || args.head_dim % 2 != 0 || args.head_dim > kMaxHeadDim ||
-      !amx::permitted())
-    return false;
-  const Packs packs = pack_segments(args, amx::kTileDepth / 2);
-  for_each_task(args, packs, kTaskRows,
-                [&](const attention::Sequence& segment, int64_t head, const Packed& packed, const Shape& shape,
-                    int64_t begin, int64_t end) { attend_rows(args, segment, head, packed, shape, begin, end); });
+  if (!takes(args) || !amx::permitted()) return false;
+  attend_tasks(args, amx::kTileDepth / 2, kTaskRows,
+               [&](const attention::Sequence& segment, int64_t head, const Packed& packed, const Shape& shape,
+                   int64_t begin, int64_t end) { attend_rows(args, segment, head, packed, shape, begin, end); });
   return true;
 }
 

@@ -127,10 +127,16 @@ inline Packs pack_segments(const VarlenAttentionArgs& args, int64_t pair_multipl
   return packs;
 }
 
-// attend(segment, head, packed, shape, begin, end) over tasks of up to `task_rows` query rows of
-// one (segment, head), in parallel.
+// Whether the bfloat16 kernels take these rows: bfloat16 with an even head_dim of at most 256.
+inline bool takes(const VarlenAttentionArgs& args) {
+  return args.query.dtype == Dtype::kBFloat16 && args.head_dim % 2 == 0 && args.head_dim <= kMaxHeadDim;
+}
+
+// Packs every (segment, head) (`pack_segments`), then runs attend(segment, head, packed, shape,
+// begin, end) over tasks of up to `task_rows` query rows of one (segment, head), in parallel.
 template <typename Attend>
-void for_each_task(const VarlenAttentionArgs& args, const Packs& packs, int64_t task_rows, const Attend& attend) {
+void attend_tasks(const VarlenAttentionArgs& args, int64_t pair_multiple, int64_t task_rows, const Attend& attend) {
+  const Packs packs = pack_segments(args, pair_multiple);
   const int64_t num_heads = args.num_heads;
   struct Task {
     int64_t unit, begin, end;
