@@ -53,8 +53,8 @@ inline __m512 exp2_flushed(__m512 x, __mmask16 lanes) {
 }
 
 // Sets MXCSR's flush-to-zero and denormals-are-zero for its lifetime: the softmax's tiny
-// exponentials and rescaled sums become 0 instead of denormals (which cost a microcode assist
-// each on these cores); the tiles flush bfloat16 denormals anyway.
+// exponentials and rescaled sums become 0 instead of denormals (which can cost Intel cores a
+// microcode assist each), as exp2_flushed relies on; the tiles flush bfloat16 denormals anyway.
 class FlushDenormals {
  public:
   FlushDenormals() : saved_(_mm_getcsr()) { _mm_setcsr(saved_ | kFlushToZero | kDenormalsAreZero); }
