@@ -201,9 +201,7 @@ void attend_rows(const VarlenAttentionArgs& args, const attention::Sequence& seg
 
 bool varlen_attention_dot(const VarlenAttentionArgs& args) {
   if (!takes(args)) return false;
-  attend_tasks(args, 1, kTaskRows,
-               [&](const attention::Sequence& segment, int64_t head, const Packed& packed, const Shape& shape,
-                   int64_t begin, int64_t end) { attend_rows(args, segment, head, packed, shape, begin, end); });
+  attend_tasks(args, 1, kTaskRows, attend_rows);
   return true;
 }
 

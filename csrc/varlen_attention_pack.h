@@ -132,8 +132,8 @@ inline bool takes(const VarlenAttentionArgs& args) {
   return args.query.dtype == Dtype::kBFloat16 && args.head_dim % 2 == 0 && args.head_dim <= kMaxHeadDim;
 }
 
-// Packs every (segment, head) (`pack_segments`), then runs attend(segment, head, packed, shape,
-// begin, end) over tasks of up to `task_rows` query rows of one (segment, head), in parallel.
+// Packs every (segment, head) (`pack_segments`), then runs attend(args, segment, head, packed,
+// shape, begin, end) over tasks of up to `task_rows` query rows of one (segment, head), in parallel.
 template <typename Attend>
 void attend_tasks(const VarlenAttentionArgs& args, int64_t pair_multiple, int64_t task_rows, const Attend& attend) {
   const Packs packs = pack_segments(args, pair_multiple);
@@ -156,7 +156,7 @@ void attend_tasks(const VarlenAttentionArgs& args, int64_t pair_multiple, int64_
          t = next.fetch_add(1, std::memory_order_relaxed)) {
       const Task& task = tasks[t];
       const int64_t s = task.unit / num_heads;
-      attend(args.sequences[s], task.unit % num_heads, packs.of(task.unit), packs.shapes[s], task.begin, task.end);
+      attend(args, args.sequences[s], task.unit % num_heads, packs.of(task.unit), packs.shapes[s], task.begin, task.end);
     }
   });
 }
