@@ -25,6 +25,7 @@
 #include <limits>
 
 #include "amx.h"
+#include "exp2_avx512.h"
 #include "varlen_attention_pack.h"
 
 namespace mmserve {
@@ -36,21 +37,6 @@ constexpr int64_t kMaxKeys = 2 * kBlockKeys;  // keys per block: 128, or 64 at a
 constexpr int64_t kScoresBytes = kMaxKeys * sizeof(float);
 constexpr int64_t kProbsBytes = kMaxKeys * sizeof(BFloat16);
 constexpr int64_t kTileKeys = amx::kTileDepth;  // keys per A tile of probabilities
-
-// 2^x for finite x ≤ 0 in the lanes of `lanes`, 0 in the others: 2^⌊x⌋ · 2^f with f = x − ⌊x⌋ in
-// [0, 1) (vreduceps), 2^f by a polynomial of degree 4 fitted for relative error (under 2.7e-6,
-// where bfloat16's rounding of the probabilities is 2^−9), 2^⌊x⌋ applied by vscalefps. Below
-// 2^−126 the result is flushed to 0 (the caller runs with MXCSR's flush-to-zero set), so no
-// comparison is needed: 7 instructions.
-inline __m512 exp2_flushed(__m512 x, __mmask16 lanes) {
-  const __m512 f = _mm512_reduce_ps(x, _MM_FROUND_TO_NEG_INF);
-  __m512 p = _mm512_set1_ps(1.3534147292375565e-2f);
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.201150104403496e-2f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.2414427399635315f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.6930038332939148f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0000026226043701f));
-  return _mm512_maskz_scalef_ps(lanes, p, x);
-}
 
 // Sets MXCSR's flush-to-zero and denormals-are-zero for its lifetime: the softmax's tiny
 // exponentials and rescaled sums become 0 instead of denormals (which can cost Intel cores a

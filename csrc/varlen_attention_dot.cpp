@@ -18,6 +18,7 @@
 #include "kernels.h"
 
 #if defined(CPU_CAPABILITY_AVX512) && defined(MMSERVE_BF16_DOT)
+#include "exp2_avx512.h"
 #include "varlen_attention_pack.h"
 
 namespace mmserve {
@@ -29,22 +30,6 @@ constexpr int kMaxOutputPanels = 4;             // output column panels accumula
 constexpr int64_t kTaskRows = 48;
 
 inline __m512bh as_pairs(__m512i bits) { return (__m512bh)bits; }
-
-// 2^x for x ≤ 0, and 0 below 2^−126 (so −inf and NaN give 0): 2^n · 2^f with n = round(x) and
-// f = x − n in [−½, ½], 2^f by a polynomial of degree 4 fitted for relative error (under 2.6e-6,
-// where bfloat16's rounding of the probabilities is 2^−9), 2^n applied by vscalefps. 9
-// instructions where ATen's exp_u20 and the subtraction and scaling before it take 21.
-inline __m512 exp2_nonpositive(__m512 x) {
-  const __m512 n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  const __m512 f = _mm512_sub_ps(x, n);
-  __m512 p = _mm512_set1_ps(9.570081718266010e-3f);
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.591785907745361e-2f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.2402474582195282f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.6931217908859253f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.9999992847442627f));
-  const __mmask16 representable = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-126.f), _CMP_GE_OQ);
-  return _mm512_maskz_scalef_ps(representable, p, n);
-}
 
 // Running state of a tile's rows: output sums [R][column_panels · 16], max, and the normaliser
 // as 16 lane sums per row (added up once, at the end).

@@ -31,7 +31,6 @@ constexpr int kLanes = 16;                      // float32 lanes of a zmm: keys 
 constexpr int kScoreVecs = 4;                   // score vectors per row and block
 constexpr int kBlockKeys = kLanes * kScoreVecs;  // keys per online-softmax step
 constexpr int64_t kMaxHeadDim = 256;
-constexpr float kLog2E = 1.4426950408889634f;
 
 inline int32_t load_pair(const BFloat16* x) {
   int32_t pair;

@@ -31,7 +31,11 @@ inline Vec load_f32(const BFloat16* p) {
 // Stores kVecSize float32 lanes, rounding to nearest-even for bfloat16.
 inline void store_f32(float* p, const Vec& v) { v.store(p); }
 inline void store_f32(BFloat16* p, const Vec& v) {
+#if defined(CPU_CAPABILITY_AVX512) && defined(MMSERVE_BF16_DOT)
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), (__m256i)_mm512_cvtneps_pbh(v));  // 1 instruction, not 7
+#else
   at::vec::convert_float_bfloat16(v, v).store(p, kVecSize);
+#endif
 }
 
 // Rounds each lane to T's precision and back (identity for float): reproduces the dtype
@@ -41,7 +45,11 @@ inline Vec round_to(const Vec& v) {
   if constexpr (std::is_same_v<T, float>) {
     return v;
   } else {
-#if defined(CPU_CAPABILITY_AVX512)
+#if defined(CPU_CAPABILITY_AVX512) && defined(MMSERVE_BF16_DOT)
+    // vcvtneps2bf16 rounds to nearest even (denormal inputs to zero), then back to float32.
+    const __m256i rounded = (__m256i)_mm512_cvtneps_pbh(v);
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(rounded), 16));
+#elif defined(CPU_CAPABILITY_AVX512)
     // In registers: round to nearest even on the low 16 bits (NaN lanes left as they are).
     const __m512i bits = _mm512_castps_si512(v);
     const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));

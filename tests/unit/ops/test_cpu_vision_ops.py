@@ -47,3 +47,14 @@ def test_quick_gelu_matches_the_reference(shape, dtype):
     x = (torch.randn(*shape, generator=generator) * 4).to(dtype)  # well into both tails
     tolerance = FP32_TOLERANCE if dtype == torch.float32 else BF16_TOLERANCE
     torch.testing.assert_close(cpu.quick_gelu(x), reference.quick_gelu(x), **tolerance)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_quick_gelu_saturates_in_both_tails_and_keeps_nan(dtype):
+    # past |1.702 x| ≈ 87 the kernel's σ is clamped to 1 or 2^-126: x · σ stays finite and 0 or x
+    tails = [-1e4, -200.0, -60.0, -10.0, -1e-3, 0.0, 1e-3, 10.0, 60.0, 200.0, 1e4]
+    x = torch.tensor(tails * 2 + [float("nan")] * 10, dtype=dtype)  # 32: vector lanes and the tail
+    got, want = cpu.quick_gelu(x), reference.quick_gelu(x)
+    tolerance = FP32_TOLERANCE if dtype == torch.float32 else BF16_TOLERANCE
+    torch.testing.assert_close(got, want, equal_nan=True, **tolerance)
+    assert got[-10:].isnan().all()

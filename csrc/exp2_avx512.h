@@ -1,0 +1,68 @@
+// 2^x in AVX-512 for the kernels' exponentials (AVX-512 builds only): 2^n · 2^f with n an
+// integer next to x, 2^f by a polynomial fitted for relative error, 2^n applied by vscalefps; no
+// table. Each variant is as accurate as its caller needs and no more.
+#pragma once
+
+#if defined(CPU_CAPABILITY_AVX512)
+#include <immintrin.h>
+
+namespace mmserve {
+
+constexpr float kLog2E = 1.4426950408889634f;
+
+// 2^x for x ≤ 0, and 0 below 2^−126 (so −inf and NaN give 0): 2^n · 2^f with n = round(x) and
+// f = x − n in [−½, ½], 2^f by a polynomial of degree 4 fitted for relative error (under 2.6e-6,
+// where bfloat16's rounding of the probabilities is 2^−9), 2^n applied by vscalefps. 9
+// instructions where ATen's exp_u20 and the subtraction and scaling before it take 21.
+inline __m512 exp2_nonpositive(__m512 x) {
+  const __m512 n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m512 f = _mm512_sub_ps(x, n);
+  __m512 p = _mm512_set1_ps(9.570081718266010e-3f);
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.591785907745361e-2f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.2402474582195282f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.6931217908859253f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.9999992847442627f));
+  const __mmask16 representable = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-126.f), _CMP_GE_OQ);
+  return _mm512_maskz_scalef_ps(representable, p, n);
+}
+
+// For finite x ≤ 0 in the lanes of `lanes`, 0 in the others; degree 4 (relative error under
+// 2.7e-6, where bfloat16's rounding of a softmax's probabilities is 2^−9). Below 2^−126 the
+// result is flushed to 0 only under MXCSR's flush-to-zero, which the caller sets: 7 instructions.
+inline __m512 exp2_flushed(__m512 x, __mmask16 lanes) {
+  const __m512 f = _mm512_reduce_ps(x, _MM_FROUND_TO_NEG_INF);
+  __m512 p = _mm512_set1_ps(1.3534147292375565e-2f);
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.201150104403496e-2f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.2414427399635315f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.6930038332939148f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0000026226043701f));
+  return _mm512_maskz_scalef_ps(lanes, p, x);
+}
+
+// For finite x in [−150, 127]; degree 5 (relative error under 1.6e-7 in float32 arithmetic,
+// about that of a correctly rounded float32 result's neighbours), 2^x below 2^−149 is 0.
+inline __m512 exp2_accurate(__m512 x) {
+  const __m512 f = _mm512_reduce_ps(x, _MM_FROUND_TO_NEG_INF);
+  __m512 p = _mm512_set1_ps(1.8778159207033958e-3f);
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(8.98876244522978e-3f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.582680134179193e-2f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.24015345443050998f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.6931530919151266f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.9999999247316569f));
+  return _mm512_scalef_ps(p, x);
+}
+
+// σ(s) = 1 / (1 + 2^t), t = −s · log2 e clamped to [−150, 126] (beyond, σ is 1 or under 2^−126,
+// and 1 + 2^t stays finite); the reciprocal by vrcp14ps and one Newton step (relative 2^−28).
+// NaN lanes stay NaN (vmaxps / vminps return their second operand where one is NaN).
+inline __m512 sigmoid_accurate(__m512 s) {
+  __m512 t = _mm512_mul_ps(s, _mm512_set1_ps(-kLog2E));
+  t = _mm512_min_ps(_mm512_set1_ps(126.f), _mm512_max_ps(_mm512_set1_ps(-150.f), t));
+  const __m512 d = _mm512_add_ps(_mm512_set1_ps(1.f), exp2_accurate(t));
+  const __m512 r = _mm512_rcp14_ps(d);
+  return _mm512_mul_ps(r, _mm512_fnmadd_ps(d, r, _mm512_set1_ps(2.f)));
+}
+
+}  // namespace mmserve
+
+#endif
