@@ -23,11 +23,23 @@
 namespace mmserve {
 namespace amx {
 
+// Bytes ahead of the B tile being loaded at which a panel coming from memory (in a task's first
+// block of rows) is prefetched into L2: a tile load that misses waits for its 16 lines, and the
+// hardware prefetcher alone left 8-row linears at ~75 % of the bandwidth one row reaches.
+constexpr int64_t kStreamAheadBytes = 4096;
+
+// Prefetches into L2 the B tile `kStreamAheadBytes` after `tile` (16 lines of 64 bytes).
+inline void prefetch_next_tile(const c10::BFloat16* tile) {
+  const char* ahead = reinterpret_cast<const char*>(tile) + kStreamAheadBytes;
+  for (int line = 0; line < kTileDepth / 2; ++line) _mm_prefetch(ahead + 64 * line, _MM_HINT_T1);
+}
+
 // acc0 / acc1 [block rows][16] float32 (rows 16-31 at +16 · 16) = x[block rows][0, k_size) ·
 // panel0 / panel1, k_size a multiple of kTileDepth; x_stride in elements. Tiles configured.
+// `stream`: the panels come from memory, so they are prefetched ahead.
 template <bool kSecondRows, bool kSecondPanel>
 void block_times_panels(const c10::BFloat16* x, int64_t x_stride, const c10::BFloat16* panel0,
-                        const c10::BFloat16* panel1, int64_t k_size, float* acc0, float* acc1) {
+                        const c10::BFloat16* panel1, int64_t k_size, float* acc0, float* acc1, bool stream) {
   const int64_t x_bytes = x_stride * static_cast<int64_t>(sizeof(c10::BFloat16));
   const c10::BFloat16* x1 = x + kTileRows * x_stride;
   _tile_zero(0);
@@ -35,6 +47,10 @@ void block_times_panels(const c10::BFloat16* x, int64_t x_stride, const c10::BFl
   if constexpr (kSecondRows) _tile_zero(2);
   if constexpr (kSecondRows && kSecondPanel) _tile_zero(3);
   for (int64_t k = 0; k < k_size; k += kTileDepth) {
+    if (stream) {
+      prefetch_next_tile(panel0 + k * kPanelColumns);
+      if constexpr (kSecondPanel) prefetch_next_tile(panel1 + k * kPanelColumns);
+    }
     _tile_loadd(6, panel0 + k * kPanelColumns, 64);
     if constexpr (kSecondPanel) _tile_loadd(7, panel1 + k * kPanelColumns, 64);
     _tile_loadd(4, x + k, x_bytes);
@@ -73,7 +89,9 @@ void rows_times_panels(const c10::BFloat16* x, int64_t x_stride, const c10::BFlo
     }
     const c10::BFloat16* block = x + row * x_stride;
     const auto run = [&](auto second_rows, auto second_panel) {
-      block_times_panels<second_rows(), second_panel()>(block, x_stride, panels[0], panel1, k_size, acc[0], acc[1]);
+      // the first block brings the panels in from memory; the others find them in L1 / L2
+      block_times_panels<second_rows(), second_panel()>(block, x_stride, panels[0], panel1, k_size, acc[0], acc[1],
+                                                        row == first);
     };
     if (rows1 > 0 && panel_count > 1) run(std::true_type{}, std::true_type{});
     else if (rows1 > 0) run(std::true_type{}, std::false_type{});
