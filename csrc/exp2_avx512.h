@@ -6,9 +6,19 @@
 #if defined(CPU_CAPABILITY_AVX512)
 #include <immintrin.h>
 
+#include <cstddef>
+
 namespace mmserve {
 
 constexpr float kLog2E = 1.4426950408889634f;
+
+// Σ c[i] · f^(N−1−i) by Horner's rule: `coefficients` from the highest degree down.
+template <std::size_t N>
+inline __m512 polynomial(__m512 f, const float (&coefficients)[N]) {
+  __m512 p = _mm512_set1_ps(coefficients[0]);
+  for (std::size_t i = 1; i < N; ++i) p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(coefficients[i]));
+  return p;
+}
 
 // 2^x for x ≤ 0, and 0 below 2^−126 (so −inf and NaN give 0): 2^n · 2^f with n = round(x) and
 // f = x − n in [−½, ½], 2^f by a polynomial of degree 4 fitted for relative error (under 2.6e-6,
@@ -16,12 +26,9 @@ constexpr float kLog2E = 1.4426950408889634f;
 // instructions where ATen's exp_u20 and the subtraction and scaling before it take 21.
 inline __m512 exp2_nonpositive(__m512 x) {
   const __m512 n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  const __m512 f = _mm512_sub_ps(x, n);
-  __m512 p = _mm512_set1_ps(9.570081718266010e-3f);
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.591785907745361e-2f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.2402474582195282f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.6931217908859253f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.9999992847442627f));
+  constexpr float kCoefficients[] = {9.570081718266010e-3f, 5.591785907745361e-2f, 0.2402474582195282f,
+                                     0.6931217908859253f, 0.9999992847442627f};
+  const __m512 p = polynomial(_mm512_sub_ps(x, n), kCoefficients);
   const __mmask16 representable = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-126.f), _CMP_GE_OQ);
   return _mm512_maskz_scalef_ps(representable, p, n);
 }
@@ -30,25 +37,18 @@ inline __m512 exp2_nonpositive(__m512 x) {
 // 2.7e-6, where bfloat16's rounding of a softmax's probabilities is 2^−9). Below 2^−126 the
 // result is flushed to 0 only under MXCSR's flush-to-zero, which the caller sets: 7 instructions.
 inline __m512 exp2_flushed(__m512 x, __mmask16 lanes) {
-  const __m512 f = _mm512_reduce_ps(x, _MM_FROUND_TO_NEG_INF);
-  __m512 p = _mm512_set1_ps(1.3534147292375565e-2f);
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.201150104403496e-2f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.2414427399635315f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.6930038332939148f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0000026226043701f));
+  constexpr float kCoefficients[] = {1.3534147292375565e-2f, 5.201150104403496e-2f, 0.2414427399635315f,
+                                     0.6930038332939148f, 1.0000026226043701f};
+  const __m512 p = polynomial(_mm512_reduce_ps(x, _MM_FROUND_TO_NEG_INF), kCoefficients);
   return _mm512_maskz_scalef_ps(lanes, p, x);
 }
 
 // For finite x in [−150, 127]; degree 5 (relative error under 1.6e-7 in float32 arithmetic,
 // about that of a correctly rounded float32 result's neighbours), 2^x below 2^−149 is 0.
 inline __m512 exp2_accurate(__m512 x) {
-  const __m512 f = _mm512_reduce_ps(x, _MM_FROUND_TO_NEG_INF);
-  __m512 p = _mm512_set1_ps(1.8778159207033958e-3f);
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(8.98876244522978e-3f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.582680134179193e-2f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.24015345443050998f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.6931530919151266f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.9999999247316569f));
+  constexpr float kCoefficients[] = {1.8778159207033958e-3f, 8.98876244522978e-3f, 5.582680134179193e-2f,
+                                     0.24015345443050998f,   0.6931530919151266f,  0.9999999247316569f};
+  const __m512 p = polynomial(_mm512_reduce_ps(x, _MM_FROUND_TO_NEG_INF), kCoefficients);
   return _mm512_scalef_ps(p, x);
 }
 
