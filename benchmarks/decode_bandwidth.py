@@ -166,8 +166,9 @@ def main() -> None:
     )
     config = llm.config.model
     bandwidth = stream_bandwidth()  # reported; the floors use the interleaved readings below
-    peak = matmul_rate(config.dtype)
-    kv_bytes_per_token = 2 * config.num_layers * config.num_kv_heads * config.head_dim * config.dtype.itemsize
+    dtype = getattr(torch, config.dtype)
+    peak = matmul_rate(dtype)
+    kv_bytes_per_token = 2 * config.num_layers * config.num_kv_heads * config.head_dim * dtype.itemsize
     weights = weight_bytes(llm)
     rows = []
     for batch in args.batch:

@@ -84,7 +84,13 @@ def decode_vs_floor(preset: str, read_bytes_per_s: float, **options) -> dict:
     with timing_engine(preset, max(DECODE_BATCHES), 8192, **options) as llm:
         runner = llm.engine_core.executor.runner
         config = llm.config.model
-        kv_per_token = 2 * config.num_layers * config.num_kv_heads * config.head_dim * config.dtype.itemsize
+        kv_per_token = (
+            2
+            * config.num_layers
+            * config.num_kv_heads
+            * config.head_dim
+            * getattr(torch, config.dtype).itemsize
+        )
         weights = weight_bytes(llm)
         rows = []
         for batch in DECODE_BATCHES:

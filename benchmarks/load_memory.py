@@ -57,7 +57,7 @@ class PeakSampler:
 
 def measure(preset: str, dtype_name: str, queue: multiprocessing.Queue) -> None:
     """In a fresh process: load the preset's checkpoint in `dtype_name`; put the figures on `queue`."""
-    from mmserve.layers.attention.backend import get_attention_backend
+    from mmserve.layers.attention.selector import get_attention_backend
     from mmserve.layers.packed_weights import weight_bytes
     from mmserve.model_config import ModelConfig
     from mmserve.models.loader import load_model
@@ -65,7 +65,7 @@ def measure(preset: str, dtype_name: str, queue: multiprocessing.Queue) -> None:
 
     path = checkpoint("qwen2_vl", preset)
     config = ModelConfig.from_pretrained(str(path), dtype_name, None)
-    backend = get_attention_backend("auto", torch.device("cpu"), config.dtype, 16)
+    backend = get_attention_backend("auto", torch.device("cpu"), getattr(torch, config.dtype), 16)
     before = anonymous_bytes()
     with PeakSampler() as sampler:
         model = load_model(config, backend, torch.device("cpu"))

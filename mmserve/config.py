@@ -15,8 +15,6 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-import torch
-
 from mmserve.model_config import ModelConfig, VisionConfig, cpu_computes_natively, parse_dtype
 
 __all__ = [
@@ -168,9 +166,10 @@ class CompilationConfig:
             values["cudagraph_capture_sizes"] = tuple(values["cudagraph_capture_sizes"])
         return cls(**values)
 
-    def compiles(self, device: torch.device) -> bool:
-        """Whether the language model is compiled on `device` (level None: only on CUDA)."""
-        level = self.level if self.level is not None else int(device.type == "cuda")
+    def compiles(self, device_type: str) -> bool:
+        """Whether the language model is compiled on a device of `device_type` ("cpu",
+        "cuda"; level None: only on CUDA)."""
+        level = self.level if self.level is not None else int(device_type == "cuda")
         return level >= 1
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from mmserve.config import EngineConfig
 from mmserve.core.engine_core import EngineCore
 from mmserve.core.scheduler import Scheduler
-from mmserve.executor.abstract import create_executor
+from mmserve.executor.factory import create_executor
 from mmserve.structured_output.manager import StructuredOutputManager
 
 

@@ -11,8 +11,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from mmserve.config import (
     CacheConfig,
     CompilationConfig,
@@ -24,6 +22,7 @@ from mmserve.config import (
     check_model_fits,
     field_default,
 )
+from mmserve.device_probe import cuda_available
 from mmserve.model_config import ModelConfig, cpu_computes_natively
 
 _GIB = 1 << 30
@@ -78,14 +77,14 @@ class EngineArgs:
         dtype "auto" is the checkpoint's, except on a CPU that cannot compute it natively, where
         it is float32 (a bf16 checkpoint then runs in float32, as fast and exact)."""
         model = ModelConfig.from_pretrained(self.model, self.dtype, self.max_model_len)
-        on_cpu = (self.device or ("cuda" if torch.cuda.is_available() else "cpu")).startswith("cpu")
+        on_cpu = (self.device or ("cuda" if cuda_available() else "cpu")).startswith("cpu")
         if not on_cpu and self.cpu_threads_bind not in ("auto", "none"):
             raise ValueError(
                 f"--cpu-threads-bind {self.cpu_threads_bind} pins the threads of a CPU engine; "
                 "this engine runs on CUDA (leave it auto)"
             )
         if self.dtype == "auto" and on_cpu and not cpu_computes_natively(model.dtype):
-            model = dataclasses.replace(model, dtype=torch.float32)
+            model = dataclasses.replace(model, dtype="float32")
         parallel = ParallelConfig(
             tensor_parallel_size=self.tensor_parallel_size,
             distributed_executor_backend=self.distributed_executor_backend,

@@ -12,42 +12,41 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-import torch
-
 from mmserve.model_folder import eos_ids, max_image_tokens, max_video_tokens
 
-_DTYPES = {
-    "float32": torch.float32,
-    "fp32": torch.float32,
-    "float": torch.float32,
-    "bfloat16": torch.bfloat16,
-    "bf16": torch.bfloat16,
-    "float16": torch.float16,
-    "fp16": torch.float16,
-    "half": torch.float16,
+DTYPES = ("float32", "bfloat16", "float16")
+"""The dtypes a model runs in, by torch's names (`getattr(torch, name)` is the torch dtype)."""
+_DTYPE_ALIASES = {
+    "float32": "float32",
+    "fp32": "float32",
+    "float": "float32",
+    "bfloat16": "bfloat16",
+    "bf16": "bfloat16",
+    "float16": "float16",
+    "fp16": "float16",
+    "half": "float16",
 }
 
 
-def parse_dtype(name: str | torch.dtype, default: torch.dtype) -> torch.dtype:
-    """'auto' → `default` (the checkpoint's dtype); otherwise a known dtype name."""
-    if isinstance(name, torch.dtype):
-        return name
+def parse_dtype(name: str, default: str) -> str:
+    """'auto' → `default` (the checkpoint's); otherwise a known dtype name or alias, as one of
+    DTYPES. (Names, not torch dtypes: the API server and the scheduler never import torch.)"""
+    name = str(name).removeprefix("torch.")
     if name == "auto":
         return default
-    if name not in _DTYPES:
-        raise ValueError(f"unknown dtype {name!r}; choose one of auto, {', '.join(sorted(_DTYPES))}")
-    return _DTYPES[name]
+    if name not in _DTYPE_ALIASES:
+        raise ValueError(f"unknown dtype {name!r}; choose one of auto, {', '.join(sorted(_DTYPE_ALIASES))}")
+    return _DTYPE_ALIASES[name]
 
 
 # CPU flags (/proc/cpuinfo) with which torch computes a half-precision dtype natively.
-_FAST_CPU_FLAGS = {torch.bfloat16: {"avx512_bf16", "amx_bf16"}, torch.float16: {"avx512_fp16", "amx_fp16"}}
+_FAST_CPU_FLAGS = {"bfloat16": {"avx512_bf16", "amx_bf16"}, "float16": {"avx512_fp16", "amx_fp16"}}
 
 
-def cpu_computes_natively(dtype: torch.dtype) -> bool:
+def cpu_computes_natively(dtype: str) -> bool:
     """float32 always; bfloat16 / float16 only on CPUs with matching instructions (AVX512-BF16,
     AMX...). Elsewhere `--dtype auto` keeps float32: the token-exact path, and on an AVX2-only
-    EPYC the faster one for image-heavy serving even with the packed bf16 linear kernel (mid
-    model 0.96 vs 0.86 of vLLM's req/s; bf16 wins in decode: BENCHMARKS.md, "§5 again")."""
+    CPU the faster one for image-heavy serving (BENCHMARKS.md, "§5 again")."""
     if dtype not in _FAST_CPU_FLAGS:
         return True
     try:
@@ -107,7 +106,7 @@ class ModelConfig:
     vision_start_token_id: int
     vision_end_token_id: int
     vision: VisionConfig
-    dtype: torch.dtype
+    dtype: str  # one of DTYPES
     max_model_len: int
     eos_token_ids: tuple[int, ...] = ()
     max_image_tokens: int = 0  # placeholder tokens of the largest image the processor can produce
@@ -123,7 +122,7 @@ class ModelConfig:
 
     @classmethod
     def from_pretrained(
-        cls, path: str | Path, dtype: str | torch.dtype = "auto", max_model_len: int | None = None
+        cls, path: str | Path, dtype: str = "auto", max_model_len: int | None = None
     ) -> ModelConfig:
         path = Path(path)
         config_file = path / "config.json"
@@ -136,9 +135,7 @@ class ModelConfig:
         if family not in ("qwen2_vl", "qwen2_5_vl", "qwen3_vl"):
             raise ValueError(f"unsupported model_type {family!r} in {config_file}")
         rope = text.get("rope_scaling") or text.get("rope_parameters") or {}
-        checkpoint_dtype = parse_dtype(
-            text.get("torch_dtype") or text.get("dtype") or "float32", torch.float32
-        )
+        checkpoint_dtype = parse_dtype(text.get("torch_dtype") or text.get("dtype") or "float32", "float32")
         limit = int(text.get("max_position_embeddings", 32768))
         if max_model_len is not None and max_model_len > limit:
             raise ValueError(

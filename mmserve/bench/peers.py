@@ -60,7 +60,7 @@ class Peer:
             argv = [
                 sys.executable,
                 "-m",
-                "mmserve.entrypoints.cli",
+                "mmserve.cli",
                 "serve",
                 model_dir,
                 "--log-level",

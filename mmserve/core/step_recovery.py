@@ -18,18 +18,33 @@ message)` instead of `update_from_output` when executing `scheduler_output` rais
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
+    from mmserve.core.encoder_cache_manager import EncoderCacheManager
+    from mmserve.core.kv_cache_manager import KVCacheManager
     from mmserve.core.request import Request
     from mmserve.core.sched_output import SchedulerOutput
-    from mmserve.core.scheduler import Scheduler
+
+
+class RecoverableScheduler(Protocol):
+    """What undoing a step needs of the scheduler (core/scheduler.py's `Scheduler`)."""
+
+    requests: dict[str, Request]
+    dropped_req_ids: set[str]
+    encoder_cache_manager: EncoderCacheManager
+    kv: KVCacheManager
+    block_size: int
+
+    def fail(self, request: Request, message: str) -> None: ...
+
+    def preempt(self, request: Request) -> None: ...
 
 
 class StepRecovery:
     """The isolation state of one scheduler, and the undoing of a failed step."""
 
-    def __init__(self, scheduler: Scheduler) -> None:
+    def __init__(self, scheduler: RecoverableScheduler) -> None:
         self.scheduler = scheduler
         # Request id → computed tokens it must reach running alone; oldest first.
         self.isolated: dict[str, int] = {}

@@ -19,9 +19,9 @@ from mmserve.frontend.core_client import InprocCoreClient
 from mmserve.frontend.engine_mirror import PixelSources
 from mmserve.frontend.factory import build_frontend
 from mmserve.frontend.file_store import FileStore
-from mmserve.frontend.input_processor import ProcessedPrompt
 from mmserve.frontend.media import MediaLoader
 from mmserve.frontend.params import prepare_params, truncate_prompt
+from mmserve.frontend.prompt import ProcessedPrompt
 from mmserve.frontend.tokenizer import Tokenizer
 from mmserve.outputs import RequestOutput
 from mmserve.protocol import SchedulerStats

@@ -39,7 +39,7 @@ def startup_report(
     url = base_url(server_config)
     rows = [
         ("model", f"{model.path} ({model.architecture}), served as {names}"),
-        ("dtype", str(model.dtype).removeprefix("torch.")),
+        ("dtype", model.dtype),
         ("device", f"{ready.device}, {ready.num_threads} threads"),
         ("attention", ready.attention_backend),
         (

@@ -1,4 +1,4 @@
-"""The executor interface the EngineCore steps through, and the choice of executor.
+"""The executor interface the EngineCore steps through (`factory.create_executor` chooses one).
 
 An executor owns the workers (one per tensor-parallel rank), knows how many KV blocks every rank
 can hold (`num_blocks`, the smallest count over the ranks), runs one step on all ranks and
@@ -11,11 +11,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from typing import Any
 
-import torch
-
-from mmserve.config import EngineConfig
 from mmserve.core.sched_output import ModelRunnerOutput, SchedulerOutput
-from mmserve.executor.worker_factory import on_cuda
 
 
 class Executor(ABC):
@@ -39,25 +35,3 @@ class Executor(ABC):
     @abstractmethod
     def shutdown(self) -> None:
         """Stop every worker and free what the executor holds; safe to call twice."""
-
-
-def create_executor(config: EngineConfig) -> Executor:
-    """The executor `config.parallel` asks for (refusing combinations that cannot run)."""
-    parallel = config.parallel
-    backend = parallel.executor_backend
-    if on_cuda(config) and backend == "mp" and parallel.world_size > torch.cuda.device_count():
-        raise ValueError(
-            f"tensor_parallel_size {parallel.world_size} needs as many GPUs; "
-            f"this machine has {torch.cuda.device_count()} (use the ray backend to span machines)"
-        )
-    if backend == "uni":
-        from mmserve.executor.uniproc import UniprocExecutor
-
-        return UniprocExecutor(config)
-    if backend == "mp":
-        from mmserve.executor.multiproc import MultiprocExecutor
-
-        return MultiprocExecutor(config)
-    from mmserve.executor.ray_executor import RayExecutor
-
-    return RayExecutor(config)

@@ -89,6 +89,17 @@ class MultiprocExecutor(Executor):
                     f"worker {rank} (pid {process.pid}) died, exit code {process.exitcode}"
                 )
 
+    def _blame_a_dead_rank(self, grace_s: float = 1.0) -> None:
+        """A rank that died is the cause of its peers' errors: raise for it if one has died. Its
+        peers can see its sockets reset a moment before its exit is visible here, so look for
+        `grace_s` (the engine is dead either way: this only chooses what the error names)."""
+        deadline = time.monotonic() + grace_s
+        while True:
+            self._check_alive()
+            if time.monotonic() > deadline:
+                return
+            time.sleep(0.02)
+
     def _receive(self, deadline: float = float("inf")) -> mq.Message:
         """The next worker message; raises if a worker died or answered with an error first."""
         while True:
@@ -96,7 +107,7 @@ class MultiprocExecutor(Executor):
             if message is not None:
                 rank, kind, payload = message
                 if kind == mq.ERROR:
-                    self._check_alive()  # a rank that died is the cause of its peers' errors
+                    self._blame_a_dead_rank()
                     raise ExecutorDeadError(f"worker {rank} failed:\n{payload.decode()}")
                 return message
             self._check_alive()

@@ -22,9 +22,10 @@ import numpy as np
 from mmserve.config import EngineConfig
 from mmserve.frontend.core_client import EngineDeadError, MPCoreClient
 from mmserve.frontend.engine_mirror import PixelSources
-from mmserve.frontend.input_processor import InputProcessor, ProcessedPrompt
+from mmserve.frontend.input_processor import InputProcessor
 from mmserve.frontend.media_processor import handle_ids
 from mmserve.frontend.output_processor import OutputProcessor
+from mmserve.frontend.prompt import ProcessedPrompt
 from mmserve.outputs import RequestOutput, RequestOutputKind
 from mmserve.protocol import EngineCoreOutputs, EngineRequest, PixelHandle, SchedulerStats
 from mmserve.sampling_params import SamplingParams

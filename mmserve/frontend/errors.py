@@ -10,7 +10,7 @@ from mmserve.frontend.async_llm import ServerShuttingDown
 from mmserve.frontend.chat_parsing import PromptError
 from mmserve.frontend.core_client import EngineDeadError
 from mmserve.frontend.file_store import FileNotFound
-from mmserve.frontend.media import MediaError
+from mmserve.frontend.media_error import MediaError
 from mmserve.frontend.tokenizer import TemplateError
 from preprocess import ImageError, PreprocessError
 

@@ -16,7 +16,7 @@ import time
 
 import httpx
 
-from mmserve.frontend.media import MediaError
+from mmserve.frontend.media_error import MediaError
 
 MAX_REDIRECTS = 3
 

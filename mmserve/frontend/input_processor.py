@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import operator
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
 
 import numpy as np
 from PIL import Image
@@ -28,7 +27,8 @@ from mmserve.frontend.engine_mirror import ImageSource
 from mmserve.frontend.file_store import FileResolver, StoredImage
 from mmserve.frontend.media import MediaLoader
 from mmserve.frontend.media_processor import MediaProcessor, Processed
-from mmserve.frontend.placeholders import PlaceholderMismatch, expand_placeholders, pixel_handle
+from mmserve.frontend.placeholders import PlaceholderMismatch, expand_placeholders
+from mmserve.frontend.prompt import ProcessedPrompt
 from mmserve.frontend.tokenizer import Tokenizer
 from mmserve.frontend.video_inputs import (
     VideoArgumentError,
@@ -38,59 +38,7 @@ from mmserve.frontend.video_inputs import (
     parse_sampling,
     pool_input,
 )
-from mmserve.protocol import EngineRequest, MultiModalFeature
-from mmserve.sampling_params import SamplingParams
 from preprocess import PreprocessPool, ProcessedImage, VideoSource
-
-PinPixels = Callable[[ProcessedImage], int]  # PreprocessPool.pin: a use id for one send
-
-
-@dataclass
-class ProcessedPrompt:
-    prompt: str | None
-    token_ids: list[int]
-    features: list[MultiModalFeature]
-    # mm_hash → where the image's bytes are, for as long as the request runs (see engine_mirror)
-    sources: dict[str, ImageSource] = field(default_factory=dict)
-    # mm_hash → the pool's image behind the features with a pixel handle, held until the prompt
-    # has been sent (`release_shared`), so that its segment is still there to pin
-    shared: dict[str, ProcessedImage] = field(default_factory=dict)
-
-    def engine_request(
-        self,
-        request_id: str,
-        params: SamplingParams,
-        arrival_time: float,
-        priority: int = 0,
-        pin: PinPixels | None = None,
-    ) -> EngineRequest:
-        """The message that hands this prompt to EngineCore (one per sample when n > 1). An image
-        in the pool's shared memory goes by handle, pinned by `pin` for this message alone, or,
-        without `pin`, copied into it; one whose segment the prompt no longer holds goes by hash
-        (the engine asks for its pixels should it need them)."""
-        return EngineRequest(
-            request_id=request_id,
-            prompt_token_ids=self.token_ids,
-            mm_features=[self._to_send(f, pin) for f in self.features],
-            sampling_params=params,
-            arrival_time=arrival_time,
-            priority=priority,
-        )
-
-    def release_shared(self) -> None:
-        """The prompt has been sent: let the pool have its segments back (pins hold their own)."""
-        for image in self.shared.values():
-            image.release()
-
-    def _to_send(self, feature: MultiModalFeature, pin: PinPixels | None) -> MultiModalFeature:
-        if feature.pixel_handle is None:
-            return feature
-        image = self.shared.get(feature.mm_hash)
-        if image is None or image.released:
-            return replace(feature, pixel_handle=None, by_hash=True)
-        if pin is None:
-            return replace(feature, pixel_handle=None, pixel_values=np.array(image.pixel_values))
-        return replace(feature, pixel_handle=pixel_handle(image, pin(image)))
 
 
 def _as_list(value) -> list:

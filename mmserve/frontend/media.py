@@ -14,14 +14,12 @@ import stat
 from pathlib import Path
 from urllib.parse import unquote, urlparse
 
+from mmserve.frontend.media_error import MediaError
+
 # Base64 is decoded this many characters at a time: `b64decode` holds the GIL, and 27 MB of it
 # in one call (a 20 MiB image) kept every other thread, the event loop's included, waiting
 # ~0.1 s. A multiple of 4, so each piece decodes on its own.
 _BASE64_PIECE_CHARS = 1 << 20
-
-
-class MediaError(ValueError):
-    """The client's image reference cannot be used; the message is safe to show them."""
 
 
 class RawDataUrl:

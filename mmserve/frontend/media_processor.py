@@ -7,20 +7,17 @@ the segment until EngineCore reports the handle released), or copied into the me
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING
 
 import numpy as np
 
 from mmserve.frontend.engine_mirror import ByHashImage, EngineMirror, ImageSource
 from mmserve.frontend.file_store import StoredImage
 from mmserve.frontend.placeholders import pixel_handle
+from mmserve.frontend.prompt import ProcessedPrompt
 from mmserve.protocol import EngineRequest, MultiModalFeature, PixelHandle
 from mmserve.sampling_params import SamplingParams
 from preprocess import PreprocessPool, ProcessedImage
 from preprocess import mm_hash as hash_image
-
-if TYPE_CHECKING:
-    from mmserve.frontend.input_processor import ProcessedPrompt
 
 Processed = ProcessedImage | ByHashImage
 

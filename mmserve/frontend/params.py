@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from mmserve.frontend.input_processor import ProcessedPrompt
+from mmserve.frontend.prompt import ProcessedPrompt
 from mmserve.frontend.tokenizer import Tokenizer
 from mmserve.sampling_params import SamplingParams
 from mmserve.structured_output.grammars import check_grammar

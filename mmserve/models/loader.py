@@ -77,16 +77,17 @@ def load_model(
     keeps the modules' calls). `compiled_language_model`:
         the language model is to be traced by torch.compile, so its layers keep plain weights."""
     cls = model_class(config.architecture, config.family)
-    with torch.device(device), _default_dtype(config.dtype):
+    dtype = getattr(torch, config.dtype)
+    with torch.device(device), _default_dtype(dtype):
         model = cls(config, backend, encoder_data_parallel)
-    model.load_weights(iterate_weights(config.path, config.dtype))
+    model.load_weights(iterate_weights(config.path, dtype))
     # Rotary tables stay float32 whatever the model dtype: they are computed, not loaded.
     for module in model.modules():
         for name, buf in module.named_buffers(recurse=False):
             if buf.is_floating_point():
                 setattr(module, name, buf.float())
     visual = getattr(model, "visual", None)
-    if visual is not None and config.dtype == torch.bfloat16 and backend.kernels.float32_vision_tower:
+    if visual is not None and config.dtype == "bfloat16" and backend.kernels.float32_vision_tower:
         visual.float()  # see Kernels.float32_vision_tower; encode_images hands on bfloat16
     use_kernels(model, backend.kernels)
     pack = backend.kernels.pack_linear if envs.cpu_linear() == "packed" else None

@@ -180,7 +180,7 @@ class Qwen2VLForConditionalGeneration(nn.Module):
             merged = encode_data_parallel(self.visual, pixel_values, grid_thw, unit, self.tp_group)
         else:
             merged = self.visual(pixel_values, grid_thw)
-        merged = merged.to(self.config.dtype)  # the tower may compute in float32 (load_model)
+        merged = merged.to(getattr(torch, self.config.dtype))  # the tower may compute in float32 (load_model)
         return list(merged.split([t * h * w // unit for t, h, w in grid_thw]))
 
     def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:

@@ -70,7 +70,7 @@ class ServerProcess:
         command = [
             sys.executable,
             "-m",
-            "mmserve.entrypoints.cli",
+            "mmserve.cli",
             "serve",
             str(model),
             "--port",

@@ -205,7 +205,12 @@ def capture_decode_graphs(
     """Static buffers for the largest size, then every size captured (start-up, after the KV
     cache exists: the graphs hold its addresses)."""
     static = StaticDecodeInputs(
-        sizes[-1], config.hidden_size, max_blocks_per_request, config.max_model_len, config.dtype, device
+        sizes[-1],
+        config.hidden_size,
+        max_blocks_per_request,
+        config.max_model_len,
+        getattr(torch, config.dtype),
+        device,
     )
     graphs = DecodeGraphs(forward, kv_caches, static, sizes)
     graphs.capture()

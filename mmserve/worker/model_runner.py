@@ -57,9 +57,9 @@ class ModelRunner:
         # this rank's KV heads: its share, or the one KV head it replicates
         self.num_kv_heads = kv_heads_per_rank(model_config.num_kv_heads, get_tp_group().world_size)
         self.attention_backend = get_attention_backend(
-            execution_config.attention_backend, device, model_config.dtype, self.block_size
+            execution_config.attention_backend, device, getattr(torch, model_config.dtype), self.block_size
         )
-        compiled = not execution_config.enforce_eager and execution_config.compilation.compiles(device)
+        compiled = not execution_config.enforce_eager and execution_config.compilation.compiles(device.type)
         self.model = load_model(model_config, self.attention_backend, device, encoder_data_parallel, compiled)
         if compiled:
             compile_language_model(self.model, execution_config.compilation)
@@ -85,7 +85,7 @@ class ModelRunner:
 
     def kv_cache_bytes_per_block(self) -> int:
         c = self.model_config
-        element = torch.empty((), dtype=c.dtype).element_size()
+        element = getattr(torch, c.dtype).itemsize
         return 2 * c.num_layers * self.block_size * self.num_kv_heads * c.head_dim * element
 
     def initialize_kv_cache(self, num_blocks: int) -> None:
@@ -93,11 +93,12 @@ class ModelRunner:
         this rank's KV heads only."""
         c = self.model_config
         shape = (2, num_blocks, self.block_size, self.num_kv_heads, c.head_dim)
+        dtype = getattr(torch, c.dtype)
         if self.device.type == "cpu":  # streamed from memory every decode step: huge pages
-            self.kv_caches = [zeros_on_huge_pages(shape, c.dtype) for _ in range(c.num_layers)]
+            self.kv_caches = [zeros_on_huge_pages(shape, dtype) for _ in range(c.num_layers)]
         else:
             self.kv_caches = [
-                torch.zeros(shape, dtype=c.dtype, device=self.device) for _ in range(c.num_layers)
+                torch.zeros(shape, dtype=dtype, device=self.device) for _ in range(c.num_layers)
             ]
         if self.graph_sizes:
             self.decode_graphs = capture_decode_graphs(

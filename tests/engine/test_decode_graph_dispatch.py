@@ -49,7 +49,7 @@ def test_decode_steps_through_padded_static_inputs_keep_the_eager_tokens():
             config.hidden_size,
             runner.max_blocks_per_req,
             config.max_model_len,
-            config.dtype,
+            getattr(torch, config.dtype),
             runner.device,
         )
         runner.decode_graphs = EagerPaddedReplay(runner.model, runner.kv_caches, static, SIZES)

@@ -12,7 +12,8 @@ import pytest
 from reliability_util import GOOD_PNG
 
 from mmserve.frontend import http_fetch
-from mmserve.frontend.media import MediaError, MediaLoader
+from mmserve.frontend.media import MediaLoader
+from mmserve.frontend.media_error import MediaError
 
 URLS = [
     "http://127.0.0.1/x.png",

@@ -14,7 +14,7 @@ import pytest
 from chat_page import ChatPage
 from playwright.sync_api import Page, expect
 
-from mmserve.entrypoints.cli import DEMO_MODEL
+from mmserve.cli import DEMO_MODEL
 from mmserve.entrypoints.openai.routes import WEB_DIR
 from mmserve.testing.server import ServerProcess
 

@@ -3,18 +3,25 @@
 Every `import` and `from ... import` in `mmserve/` and `preprocess/` counts, including imports
 inside functions and under `if TYPE_CHECKING:` (a type-only import is still an arrow a reader
 follows). A module's layer is its first package below `mmserve` (or `mmserve.<module>` for the
-top-level modules); each layer may import only the layers listed for it in `ALLOWED`.
+top-level modules); each layer may import only the layers listed for it in `ALLOWED`. No module
+may reach itself again through its imports (no cycles, between modules or between layers), and
+the configuration and message leaves import no torch: the API server and the scheduler never
+pay for it.
 """
 
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
+from collections.abc import Iterable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 
 LEAVES = {
     "mmserve.config",
+    "mmserve.device_probe",  # whether the engine will run on CUDA, asked without torch
     "mmserve.engine_args",  # builds EngineConfig from the user's flat arguments
     "mmserve.model_config",
     "mmserve.model_folder",
@@ -49,8 +56,9 @@ ALLOWED: dict[str, set[str]] = {
     "mmserve.metrics": LEAVES,
     "mmserve.frontend": LEAVES
     | {"preprocess", "mmserve.engine_process", "mmserve.core.engine_core", "mmserve.structured_output"},
-    "mmserve.entrypoints": LEAVES
-    | {"mmserve.frontend", "mmserve.engine", "mmserve.metrics", "mmserve.bench"},
+    "mmserve.entrypoints": LEAVES | {"mmserve.frontend", "mmserve.engine", "mmserve.metrics"},
+    # `mmserve serve|bench`: above the server and the benchmarks, which it starts.
+    "mmserve.cli": LEAVES | {"mmserve.entrypoints", "mmserve.bench"},
     # Benchmarks and test support drive the engine from outside; nothing above imports them
     # (but the CLI's `bench` command, lazily).
     "mmserve.bench": LEAVES
@@ -101,6 +109,10 @@ def imported_modules(path: Path, module: str, root: Path) -> set[str]:
     return {name for name in found if name.split(".")[0] in ("mmserve", "preprocess")}
 
 
+# Imported by the API server and the scheduler: torch may not be among their imports.
+TORCH_FREE = ("mmserve.config", "mmserve.model_config", "mmserve.engine_args", "mmserve.protocol")
+
+
 def is_allowed(source: str, target: str) -> bool:
     source_layer, target_layer = layer_of(source), layer_of(target)
     if source_layer == target_layer:
@@ -108,23 +120,157 @@ def is_allowed(source: str, target: str) -> bool:
     return any(target == allowed or target.startswith(allowed + ".") for allowed in ALLOWED[source_layer])
 
 
-def forbidden_imports(root: Path) -> list[str]:
-    """'source -> target' for every import that breaks the arrows, under `root`."""
-    broken = []
+def import_graph(root: Path) -> dict[str, set[str]]:
+    """Module → the project modules it imports, for every module under `root`."""
+    graph = {}
     for package in ("mmserve", "preprocess"):
         for path in sorted((root / package).rglob("*.py")):
             source = module_name(path, root)
-            if layer_of(source) not in ALLOWED:
-                broken.append(f"{source}: layer {layer_of(source)} is not on the map")
-                continue
-            for target in sorted(imported_modules(path, source, root)):
-                if not is_allowed(source, target):
-                    broken.append(f"{source} -> {target}")
+            graph[source] = imported_modules(path, source, root)
+    return graph
+
+
+def forbidden_imports(root: Path) -> list[str]:
+    """'source -> target' for every import that breaks the arrows, under `root`."""
+    broken = []
+    for source, targets in import_graph(root).items():
+        if layer_of(source) not in ALLOWED:
+            broken.append(f"{source}: layer {layer_of(source)} is not on the map")
+            continue
+        broken += [f"{source} -> {target}" for target in sorted(targets) if not is_allowed(source, target)]
     return broken
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one node (each a cycle or several), each
+    sorted; iterative Tarjan, so deep import chains cannot overflow the stack."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found = []
+    for root in sorted(graph):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, children = work[-1]
+            child = next((c for c in children if c in graph), None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = len(index)
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph[child]))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    found.append(sorted(component))
+    return sorted(found)
+
+
+def layer_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    """Layer → the other layers its modules import."""
+    layers: dict[str, set[str]] = {}
+    for source, targets in graph.items():
+        layers.setdefault(layer_of(source), set()).update(
+            layer_of(t) for t in targets if layer_of(t) != layer_of(source)
+        )
+    return layers
+
+
+def torch_imports(root: Path, modules: Iterable[str]) -> list[str]:
+    """Those of `modules` whose source imports torch (anywhere in the file)."""
+    importers = []
+    for module in modules:
+        tree = ast.parse((root / (module.replace(".", "/") + ".py")).read_text())
+        for node in ast.walk(tree):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            if isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                names = [node.module]
+            if any(name == "torch" or name.startswith("torch.") for name in names):
+                importers.append(module)
+                break
+    return importers
 
 
 def test_no_import_breaks_the_arrows():
     assert forbidden_imports(ROOT) == []
+
+
+def test_no_module_imports_itself_again():
+    graph = import_graph(ROOT)
+    assert cycles(graph) == []
+    assert cycles(layer_graph(graph)) == []
+
+
+def test_the_configuration_leaves_import_no_torch():
+    assert torch_imports(ROOT, TORCH_FREE) == []
+
+
+def test_the_scheduler_and_the_frontend_load_without_torch():
+    """What the API server and EngineCore's scheduling side import, in a fresh interpreter."""
+    modules = [
+        "mmserve.core.scheduler",
+        "mmserve.core.engine_core",
+        "mmserve.engine_args",
+        "mmserve.frontend.factory",
+        "mmserve.frontend.async_llm",
+        "mmserve.entrypoints.openai.api_server",
+    ]
+    script = f"import sys\nfor m in {modules!r}: __import__(m)\nprint('torch' in sys.modules)"
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
+    assert result.stdout.strip() == "False"
+
+
+def _write_tree(root: Path, files: dict[str, str]) -> None:
+    for name, text in files.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(text)
+
+
+def test_a_planted_cycle_is_caught(tmp_path):
+    """The checker itself: two frontend modules importing each other (one only for typing)."""
+    _write_tree(
+        tmp_path,
+        {
+            "mmserve/__init__.py": "",
+            "mmserve/frontend/__init__.py": "",
+            "mmserve/frontend/a.py": "from mmserve.frontend.b import B\n",
+            "mmserve/frontend/b.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+            "    from mmserve.frontend.a import A\n",
+            "mmserve/frontend/c.py": "from mmserve.frontend.a import A\n",
+        },
+    )
+    assert cycles(import_graph(tmp_path)) == [["mmserve.frontend.a", "mmserve.frontend.b"]]
+
+
+def test_a_planted_layer_cycle_is_caught():
+    graph = {
+        "mmserve.entrypoints.cli": {"mmserve.bench.serve"},
+        "mmserve.bench.step_profile": {"mmserve.entrypoints.llm"},
+    }
+    assert cycles(layer_graph(graph)) == [["mmserve.bench", "mmserve.entrypoints"]]
+
+
+def test_a_planted_torch_import_is_caught(tmp_path):
+    _write_tree(tmp_path, {"mmserve/config.py": "import dataclasses\n\ndef f():\n    from torch import nn\n"})
+    assert torch_imports(tmp_path, ["mmserve.config"]) == ["mmserve.config"]
 
 
 def test_a_forbidden_import_is_caught(tmp_path):

@@ -27,7 +27,7 @@ from mmserve.frontend.errors import (
     ServerShuttingDown,
     TemplateError,
 )
-from mmserve.frontend.input_processor import ProcessedPrompt
+from mmserve.frontend.prompt import ProcessedPrompt
 from mmserve.outputs import CompletionOutput, RequestOutput
 from mmserve.sampling_params import SamplingParams
 

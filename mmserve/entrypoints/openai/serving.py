@@ -35,8 +35,8 @@ from mmserve.entrypoints.openai.streaming import ChatChoiceStream, CompletionCho
 from mmserve.entrypoints.openai.tools import check_tools, parse_tool_calls, tool_call_grammar
 from mmserve.frontend.async_llm import Reservation
 from mmserve.frontend.file_store import FileResolver
-from mmserve.frontend.input_processor import ProcessedPrompt
 from mmserve.frontend.params import prepare_params, truncate_prompt
+from mmserve.frontend.prompt import ProcessedPrompt
 from mmserve.outputs import CompletionOutput, RequestOutput
 from mmserve.sampling_params import SamplingParams, StructuredOutputsParams, TokenIdError
 

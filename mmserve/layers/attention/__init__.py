@@ -7,13 +7,9 @@ reference, any device), `cpu` (the C++ kernels), `triton` (GPU; CPU in Triton's 
 picks the fastest that works on the device).
 """
 
-from mmserve.layers.attention.backend import (
-    ATTENTION_BACKENDS,
-    AttentionBackend,
-    AttentionMetadata,
-    get_attention_backend,
-    resolve_attention_backend,
-)
+from mmserve.config import ATTENTION_BACKENDS
+from mmserve.layers.attention.backend import AttentionBackend, AttentionMetadata
+from mmserve.layers.attention.selector import get_attention_backend, resolve_attention_backend
 
 __all__ = [
     "ATTENTION_BACKENDS",

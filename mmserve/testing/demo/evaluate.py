@@ -145,7 +145,7 @@ def main() -> None:
     if args.compare_transformers:
         from mmserve.config import parse_dtype
 
-        dtype = parse_dtype(args.transformers_dtype or args.dtype, torch.float32)
+        dtype = getattr(torch, parse_dtype(args.transformers_dtype or args.dtype, "float32"))
         sample = scored[: args.compare_transformers]
         reference = answer_with_transformers([s.dialogue for s in sample], args.model, dtype)
         agree = [s.answer == r for s, r in zip(sample, reference)]

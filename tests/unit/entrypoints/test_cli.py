@@ -9,9 +9,10 @@ import sys
 
 import pytest
 
+from mmserve import cli
 from mmserve.config import ServerConfig
 from mmserve.engine_args import EngineArgs
-from mmserve.entrypoints import cli, flag_parsers, serve_args
+from mmserve.entrypoints import flag_parsers, serve_args
 from mmserve.entrypoints.llm import LLM
 from mmserve.testing.checkpoints import checkpoint
 
@@ -93,7 +94,7 @@ def test_importing_the_cli_loads_neither_torch_nor_the_benchmark_package():
     preprocess worker that loaded torch there would start and exit seconds slower."""
     script = (
         "import sys\n"
-        "import mmserve.entrypoints.cli\n"
+        "import mmserve.cli\n"
         "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith('mmserve.bench')))\n"
     )
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
@@ -103,7 +104,7 @@ def test_importing_the_cli_loads_neither_torch_nor_the_benchmark_package():
 def test_serve_does_not_import_the_benchmark_package():
     script = (
         "import sys\n"
-        "from mmserve.entrypoints import cli\n"
+        "from mmserve import cli\n"
         "try:\n"
         "    cli.main(['serve', '--help'])\n"
         "except SystemExit:\n"
@@ -117,7 +118,7 @@ def test_serve_does_not_import_the_benchmark_package():
 
 def test_bench_serve_help_lists_the_benchmark_flags():
     result = subprocess.run(
-        [sys.executable, "-m", "mmserve.entrypoints.cli", "bench", "serve", "--help"],
+        [sys.executable, "-m", "mmserve.cli", "bench", "serve", "--help"],
         capture_output=True,
         text=True,
     )

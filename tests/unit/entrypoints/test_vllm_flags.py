@@ -14,8 +14,8 @@ import sys
 
 import pytest
 
-from mmserve import __version__
-from mmserve.entrypoints import cli, serve_args, vllm_flags
+from mmserve import __version__, cli
+from mmserve.entrypoints import serve_args, vllm_flags
 from mmserve.frontend.chat_parsing import PromptError
 from mmserve.frontend.factory import build_frontend
 from mmserve.frontend.media import MediaLoader
@@ -132,7 +132,7 @@ def test_mm_processor_kwargs_refuse_other_settings():
 
 def test_version_is_printed_by_the_cli():
     result = subprocess.run(
-        [sys.executable, "-m", "mmserve.entrypoints.cli", "--version"], capture_output=True, text=True
+        [sys.executable, "-m", "mmserve.cli", "--version"], capture_output=True, text=True
     )
     assert result.returncode == 0 and result.stdout.strip() == f"mmserve {__version__}"
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from mmserve.frontend.input_processor import ProcessedPrompt
 from mmserve.frontend.params import prepare_params, truncate_prompt
+from mmserve.frontend.prompt import ProcessedPrompt
 from mmserve.frontend.tokenizer import Tokenizer
 from mmserve.protocol import MultiModalFeature
 from mmserve.sampling_params import SamplingParams, StructuredOutputsParams, TokenIdError

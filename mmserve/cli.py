@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from mmserve.config import EngineConfig, ServerConfig
 
-DEMO_MODEL = Path(__file__).resolve().parents[2] / "assets" / "demo-model"
+DEMO_MODEL = Path(__file__).resolve().parents[1] / "assets" / "demo-model"
 logger = logging.getLogger("mmserve.cli")
 
 
