@@ -72,12 +72,7 @@ def one_request(frontend, body: bytes, output_ids: list[int], stages: Stages, in
     token_ids = stages.time("tokenise", inputs._encode, text)
     processed = stages.time("preprocess (workers)", lambda: [pool.process(item) for item in items])
     expanded, features = stages.time(
-        "placeholders",
-        expand_placeholders,
-        token_ids,
-        processed,
-        tokenizer.image_pad_id,
-        inputs.videos.tokens if inputs.videos else None,
+        "placeholders", expand_placeholders, token_ids, processed, inputs.processor
     )
     for item in processed:
         item.release()

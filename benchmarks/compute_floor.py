@@ -39,8 +39,7 @@ from mmserve.bench.dataset import load_conversations
 from mmserve.frontend.tokenizer import Tokenizer
 from mmserve.ops import cpu
 from mmserve.ops.linear import OneDnnLinear, onednn_supports
-from preprocess.image import grid_thw, num_tokens
-from preprocess.settings import ProcessorSettings
+from preprocess.qwen_vl import QwenVLImageSettings
 
 
 @dataclass(frozen=True)
@@ -199,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
 
     shapes = Shapes.from_config(json.loads((args.checkpoint / "config.json").read_text()))
-    settings = ProcessorSettings.from_hf_config(
+    settings = QwenVLImageSettings.from_hf_config(
         json.loads((args.checkpoint / "preprocessor_config.json").read_text())
     )
     tokenizer = Tokenizer(args.checkpoint)
@@ -209,10 +208,10 @@ def main(argv: list[str] | None = None) -> int:
         image = row["images"][0]
         if isinstance(image, dict):  # undecoded {bytes, path}
             image = Image.open(io.BytesIO(image["bytes"]))
-        grid = grid_thw(image.height, image.width, settings)
+        grid = settings.grid(image.height, image.width)
         patches = math.prod(grid)
         largest = max(largest, patches)
-        tokens = prompt_tokens(tokenizer, row["conversation"][0][0]["content"], num_tokens(grid, settings))
+        tokens = prompt_tokens(tokenizer, row["conversation"][0][0]["content"], settings.num_tokens(grid))
         total_tokens += tokens
         for key, value in zip(
             ("vision matmul", "vision attention"), vision_flops(shapes, patches), strict=True

@@ -59,12 +59,12 @@ def measure(preset: str, dtype_name: str, queue: multiprocessing.Queue) -> None:
     """In a fresh process: load the preset's checkpoint in `dtype_name`; put the figures on `queue`."""
     from mmserve.layers.attention.selector import get_attention_backend
     from mmserve.layers.packed_weights import weight_bytes
-    from mmserve.model_config import ModelConfig
     from mmserve.models.loader import load_model
+    from mmserve.models.registry import load_model_config
     from mmserve.testing.checkpoints import checkpoint
 
     path = checkpoint("qwen2_vl", preset)
-    config = ModelConfig.from_pretrained(str(path), dtype_name, None)
+    config = load_model_config(str(path), dtype_name, None)
     backend = get_attention_backend("auto", torch.device("cpu"), getattr(torch, config.dtype), 16)
     before = anonymous_bytes()
     with PeakSampler() as sampler:

@@ -37,10 +37,10 @@ import numpy as np
 import PIL
 from PIL import Image, ImageOps
 
-from preprocess import PreprocessPool, ProcessorSettings
+from preprocess import PreprocessPool
 from preprocess.decode import decode_rgb
-from preprocess.image import grid_thw, pixel_values_shape, resize_rgb
 from preprocess.patchify import patchify_into
+from preprocess.qwen_vl import QwenVLImageSettings, resize_rgb
 
 
 def make_jpegs(count: int, width: int, height: int) -> list[bytes]:
@@ -112,7 +112,7 @@ def check_same_output(pool: PreprocessPool, images: list[bytes], hf: Callable) -
 
 
 def pool_throughput(
-    settings: ProcessorSettings, workers: int, images: list[bytes], repeats: int
+    settings: QwenVLImageSettings, workers: int, images: list[bytes], repeats: int
 ) -> tuple[float, float]:
     """(images/s, CPU seconds per image) for bursts of distinct images through `process_async`
     (cache off)."""
@@ -130,11 +130,11 @@ def pool_throughput(
         return len(images) / wall, cpu / len(images)
 
 
-def stage_costs(settings: ProcessorSettings, images: list[bytes]) -> dict[str, float]:
+def stage_costs(settings: QwenVLImageSettings, images: list[bytes]) -> dict[str, float]:
     """Median CPU seconds per image of each step of one worker task (where the time goes)."""
     arrays = [resize_rgb(decode_rgb(data, settings), settings) for data in images]
     sizes = [(array.shape[1], array.shape[0]) for array in arrays]  # (width, height), PIL order
-    out = np.empty(pixel_values_shape(grid_thw(*arrays[0].shape[:2], settings), settings), np.float32)
+    out = np.empty(settings.pixel_values_shape(settings.grid(*arrays[0].shape[:2])), np.float32)
     steps: dict[str, Callable[[int], object]] = {
         "decode + to RGB": lambda i: decode_rgb(images[i], settings),
         "bicubic resize": lambda i: resize_rgb(decode_rgb(images[i], settings), settings),
@@ -157,7 +157,7 @@ def stage_costs(settings: ProcessorSettings, images: list[bytes]) -> dict[str, f
     return costs
 
 
-def hit_and_miss_latency(settings: ProcessorSettings, images: list[bytes]) -> tuple[float, float]:
+def hit_and_miss_latency(settings: QwenVLImageSettings, images: list[bytes]) -> tuple[float, float]:
     """Mean seconds per blocking `process` call: distinct images (misses), then one cached image."""
     with PreprocessPool(settings, num_workers=1, cache_bytes=64 << 20) as pool:
         assert pool.wait_ready(120)
@@ -201,7 +201,7 @@ def main() -> None:
     parser.add_argument("--json", type=Path, default=Path("benchmarks/results/preprocess.json"))
     args = parser.parse_args()
 
-    settings = ProcessorSettings()  # transformers' defaults: max_pixels 28·28·1280
+    settings = QwenVLImageSettings()  # transformers' defaults: max_pixels 28·28·1280
     facts = machine()
     images = make_jpegs(args.images, args.width, args.height)
     hf = transformers_processor()

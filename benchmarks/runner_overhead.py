@@ -22,8 +22,9 @@ import time
 
 import torch
 
-from mmserve.config import CacheConfig, ModelConfig, SchedulerConfig
+from mmserve.config import CacheConfig, SchedulerConfig
 from mmserve.core.sched_output import CachedRequestData, NewRequestData, SchedulerOutput
+from mmserve.models.registry import load_model_config
 from mmserve.sampling_params import SamplingParams
 from mmserve.testing.checkpoints import checkpoint
 from mmserve.worker.model_runner import ModelRunner
@@ -49,7 +50,7 @@ class StubModel:
 
 
 def make_runner(max_num_seqs: int) -> ModelRunner:
-    config = ModelConfig.from_pretrained(checkpoint("qwen2_vl"), dtype="float32", max_model_len=2048)
+    config = load_model_config(checkpoint("qwen2_vl"), dtype="float32", max_model_len=2048)
     runner = ModelRunner(
         config,
         CacheConfig(num_blocks=8),

@@ -15,7 +15,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from mmserve.model_config import ModelConfig, VisionConfig, cpu_computes_natively, parse_dtype
+from mmserve.model_config import ModelConfig, cpu_computes_natively, parse_dtype
 
 __all__ = [
     "CacheConfig",
@@ -26,7 +26,6 @@ __all__ = [
     "ParallelConfig",
     "SchedulerConfig",
     "ServerConfig",
-    "VisionConfig",
     "cpu_computes_natively",
     "field_default",
     "parse_dtype",
@@ -92,10 +91,6 @@ DEFAULT_VIDEOS_PER_PROMPT = 1
 """Videos one prompt may carry when `limit_per_prompt` does not name "video"."""
 
 
-PROCESSOR_KWARGS = ("min_pixels", "max_pixels")
-"""The image-processor settings --mm-processor-kwargs may override (they enter every image's hash)."""
-
-
 @dataclass(frozen=True)
 class MultiModalConfig:
     limit_per_prompt: dict[str, int] = field(default_factory=lambda: {"image": DEFAULT_IMAGES_PER_PROMPT})
@@ -103,18 +98,14 @@ class MultiModalConfig:
     preprocess_workers: int | None = None  # None = min(4, cpu count); 0 = in-process
     # How media are loaded, per modality (vLLM's --media-io-kwargs): {"video": {"num_frames": 16}}
     media_io_kwargs: dict[str, dict[str, Any]] = field(default_factory=dict)
-    # Image-processor overrides for every request (vLLM's --mm-processor-kwargs): min/max_pixels
-    processor_kwargs: dict[str, int] = field(default_factory=dict)
+    # Processor overrides for every request (vLLM's --mm-processor-kwargs; which keys a model
+    # takes is its family's: mmserve.models.registry checks them); they enter every item's hash
+    processor_kwargs: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         unknown = set(self.limit_per_prompt) - {"image", "video"}
         if unknown:
             raise ValueError(f"limit_mm_per_prompt names unknown modalities {sorted(unknown)} (image, video)")
-        unknown = set(self.processor_kwargs) - set(PROCESSOR_KWARGS)
-        if unknown:
-            raise ValueError(
-                f"mm_processor_kwargs sets {sorted(unknown)}; mmserve takes {', '.join(PROCESSOR_KWARGS)}"
-            )
 
     @property
     def max_images_per_prompt(self) -> int:
@@ -249,18 +240,7 @@ def check_model_fits(model: ModelConfig, parallel: ParallelConfig) -> None:
     (fewer KV heads than ranks) each is replicated on a whole number of ranks, as in vLLM."""
     tp = parallel.tensor_parallel_size
     kv = model.num_kv_heads
-    widths = {
-        "num_attention_heads": model.num_heads,
-        "intermediate_size": model.intermediate_size,
-    }
-    if parallel.mm_encoder_tp_mode == "weights":
-        vision = model.vision
-        widths |= {
-            "vision num_heads": vision.num_heads,
-            "vision MLP width": vision.mlp_dim,
-            "vision merger width": vision.dim * vision.spatial_merge_size**2,
-        }
-    for name, value in widths.items():
+    for name, value in model.split_widths(split_encoder=parallel.mm_encoder_tp_mode == "weights").items():
         if value % tp:
             hint = " (try --mm-encoder-tp-mode data)" if name.startswith("vision") else ""
             raise ValueError(f"tensor_parallel_size {tp} does not divide the model's {name} {value}{hint}")

@@ -23,7 +23,8 @@ from mmserve.config import (
     field_default,
 )
 from mmserve.device_probe import cuda_available
-from mmserve.model_config import ModelConfig, cpu_computes_natively
+from mmserve.model_config import cpu_computes_natively
+from mmserve.models.registry import load_model_config
 
 _GIB = 1 << 30
 
@@ -57,7 +58,7 @@ class EngineArgs:
         default_factory=lambda: field_default(MultiModalConfig, "media_io_kwargs")
     )
     preprocess_workers: int | None = field_default(MultiModalConfig, "preprocess_workers")
-    mm_processor_kwargs: dict[str, int] = field(
+    mm_processor_kwargs: dict[str, Any] = field(
         default_factory=lambda: field_default(MultiModalConfig, "processor_kwargs")
     )
     attention_backend: str = field_default(ExecutionConfig, "attention_backend")
@@ -76,7 +77,7 @@ class EngineArgs:
 
         dtype "auto" is the checkpoint's, except on a CPU that cannot compute it natively, where
         it is float32 (a bf16 checkpoint then runs in float32, as fast and exact)."""
-        model = ModelConfig.from_pretrained(self.model, self.dtype, self.max_model_len)
+        model = load_model_config(self.model, self.dtype, self.max_model_len, self.mm_processor_kwargs)
         on_cpu = (self.device or ("cuda" if cuda_available() else "cpu")).startswith("cpu")
         if not on_cpu and self.cpu_threads_bind not in ("auto", "none"):
             raise ValueError(
@@ -91,10 +92,6 @@ class EngineArgs:
             mm_encoder_tp_mode=self.mm_encoder_tp_mode,
         )
         check_model_fits(model, parallel)
-        max_pixels = (self.mm_processor_kwargs or {}).get("max_pixels")
-        if max_pixels:  # the encoder budget follows the server's image bound
-            factor = model.vision.patch_size * model.vision.spatial_merge_size
-            model = dataclasses.replace(model, max_image_tokens=max_pixels // (factor * factor))
         return EngineConfig(
             model=model,
             cache=CacheConfig(

@@ -39,8 +39,8 @@ class MultiModalFeature:
     """One image or video item of a request: where its placeholder tokens are and what to encode.
 
     Every cache (encoder cache, prefix-cache extra keys, the encoder budget) counts items alike
-    whatever their modality. A Qwen3-VL video is one item per temporal patch (its frames are
-    separated by timestamp text), hashed `<video hash>-<index>`."""
+    whatever their modality. A model family may lay one image or video out as several features
+    (a video frame by frame, with text between), each hashed `<item hash>-<index>`."""
 
     mm_hash: str  # hash of the item's bytes + processor settings (+ sampling); keys every cache
     offset: int  # index of the first placeholder token in the prompt
@@ -48,7 +48,9 @@ class MultiModalFeature:
     grid_thw: tuple[int, int, int]  # patch grid (temporal patches, rows, columns), as processed
     pixel_values: np.ndarray | None = None  # [num_patches, C·T·P·P] float32, until encoded
     modality: str = "image"  # "image" | "video"
-    seconds_per_temporal_patch: float = 0.0  # a video's; Qwen2.5-VL spaces temporal positions by it
+    # temporal position units per temporal patch, as the model family's processor computed
+    # them (its positions read them: a video's may follow its frame rate)
+    position_step: float = 1.0
     # An image whose pixels the frontend keeps (sent by hash, or dropped here once encoded):
     # while `pixel_values` is None, encoding it waits for EngineCoreOutputs.pixels_needed.
     by_hash: bool = False

@@ -1,9 +1,9 @@
-"""Image and video preprocessing for Qwen2-VL / Qwen2.5-VL / Qwen3-VL, outside the engine:
-decode, resize, normalise and patchify into shared memory, in worker processes, with a
-content-hash cache.
+"""Image and video preprocessing outside the engine: decode, then the transform a model family
+chose (its settings, transform.py), into shared memory, in worker processes, with a
+content-hash cache keyed by the bytes and the settings.
 
-Imports nothing from `mmserve`. Output equals transformers' `Qwen2VLImageProcessorPil` for
-images and its Qwen video processors for videos.
+Imports nothing from `mmserve`. Each transform module reproduces one family of transformers'
+processors exactly, in a module named for it.
 """
 
 from __future__ import annotations
@@ -30,10 +30,9 @@ from preprocess.hashing import mm_hash
 from preprocess.pool import PoolStats, PreprocessPool
 from preprocess.probe import ImageHeader, probe
 from preprocess.processed import ProcessedImage
-from preprocess.settings import ProcessorSettings
 from preprocess.shm import ShmHandle, attach
+from preprocess.transform import GridTHW, ImageTransform, VideoTransform
 from preprocess.video import FrameSampling, VideoInfo, VideoSource
-from preprocess.video_settings import VideoSettings
 
 __all__ = [
     "CorruptImage",
@@ -42,10 +41,12 @@ __all__ = [
     "EmptyVideo",
     "ExtremeAspectRatio",
     "FrameSampling",
+    "GridTHW",
     "ImageError",
     "ImageHeader",
     "ImageTooComplex",
     "ImageTooLarge",
+    "ImageTransform",
     "PoolStats",
     "PreprocessError",
     "PreprocessFailed",
@@ -53,15 +54,14 @@ __all__ = [
     "PreprocessPoolClosed",
     "PreprocessWorkerDied",
     "ProcessedImage",
-    "ProcessorSettings",
     "ShmHandle",
     "UnsupportedImageFormat",
     "UnsupportedVideoFormat",
     "VideoError",
     "VideoInfo",
-    "VideoSettings",
     "VideoSource",
     "VideoTooLarge",
+    "VideoTransform",
     "attach",
     "mm_hash",
     "probe",

@@ -1,7 +1,7 @@
 """From client input to an RGB `PIL.Image`, exactly as transformers sees it.
 
 Encoded bytes follow `transformers.image_utils.load_image` for orientation (EXIF transpose)
-and the Qwen2-VL processor's `convert_to_rgb` for colour: anything with an alpha band or a
+and transformers' image processors' `convert_to_rgb` for colour: anything with an alpha band or a
 `transparency` entry is composited onto white, everything else goes through `convert("RGB")`.
 Animated or multi-page images give their first frame. PIL inputs are taken as given, with no
 EXIF transpose, as the processor does with a PIL image.
@@ -17,9 +17,8 @@ from dataclasses import dataclass
 from PIL import Image, ImageOps, UnidentifiedImageError
 
 from preprocess.errors import CorruptImage, ImageTooLarge, UnsupportedImageFormat
-from preprocess.image import check_aspect_ratio
-from preprocess.settings import ProcessorSettings
 from preprocess.structure import check_scan_count, check_structure
+from preprocess.transform import ImageTransform
 
 _EXIF_ORIENTATION = 0x0112
 _SWAPS_SIDES = frozenset((5, 6, 7, 8))  # transpose / rotate ±90°
@@ -65,17 +64,7 @@ class RawImage:
 ImageSource = bytes | RawImage
 
 
-def check_size(width: int, height: int, settings: ProcessorSettings) -> None:
-    """Refuse sizes no processing could handle; cheap, so it runs before any decoding."""
-    check_aspect_ratio(height, width)
-    if width * height > settings.max_image_pixels:
-        raise ImageTooLarge(
-            f"image is {width}x{height} = {width * height:,} pixels, "
-            f"more than the limit of {settings.max_image_pixels:,}"
-        )
-
-
-def open_encoded(data: bytes, settings: ProcessorSettings) -> Image.Image:
+def open_encoded(data: bytes, settings: ImageTransform) -> Image.Image:
     """Parse the header only (no pixels decoded) and check the announced size, after the
     container's structure (see structure.py)."""
     if not data:
@@ -93,7 +82,7 @@ def open_encoded(data: bytes, settings: ProcessorSettings) -> Image.Image:
         raise
     except Exception as exc:  # Pillow raises many types on malformed headers
         raise CorruptImage(f"image header is malformed: {exc}") from None
-    check_size(image.width, image.height, settings)
+    settings.check_size(image.width, image.height)
     return image
 
 
@@ -122,10 +111,10 @@ def _png_may_have_trailing_metadata(data: bytes) -> bool:
     return first_idat >= 0 and any(data.find(tag, first_idat) >= 0 for tag in _PNG_TRAILING_METADATA)
 
 
-def decode_rgb(source: ImageSource, settings: ProcessorSettings) -> Image.Image:
+def decode_rgb(source: ImageSource, settings: ImageTransform) -> Image.Image:
     """Decode `source` to an RGB image equal to what transformers would process."""
     if isinstance(source, RawImage):
-        check_size(*source.size, settings)
+        settings.check_size(*source.size)
         return to_rgb(source.to_pil())
     image = open_encoded(source, settings)
     check_scan_count(source)

@@ -1,7 +1,7 @@
 """The mm_hash: one xxh3-128 hex digest per image, shared by every cache in the engine.
 
 It covers the input (encoded bytes, or a PIL image's mode, size, palette, transparency and
-pixels) and `ProcessorSettings.digest`, so the same bytes under different settings get
+pixels) and the transform settings' `digest`, so the same bytes under different settings get
 different ids. A domain tag keeps encoded bytes and raw pixels from ever colliding by design.
 
 `pixels_digest` is another thing: a checksum of a result's pixels, which a process reading them
@@ -15,10 +15,10 @@ import xxhash
 from PIL import Image
 
 from preprocess.decode import ImageSource, RawImage
-from preprocess.settings import ProcessorSettings
+from preprocess.transform import ImageTransform
 
 
-def mm_hash(source: ImageSource | Image.Image, settings: ProcessorSettings) -> str:
+def mm_hash(source: ImageSource | Image.Image, settings: ImageTransform) -> str:
     """32 hex characters identifying `source` as processed under `settings`. A PIL image
     hashes as its `RawImage` (convert once and pass that when both are needed)."""
     if isinstance(source, Image.Image):

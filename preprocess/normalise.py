@@ -3,10 +3,18 @@
 from __future__ import annotations
 
 import functools
+from typing import Protocol
 
 import numpy as np
 
-from preprocess.settings import ProcessorSettings
+
+class NormaliseSettings(Protocol):
+    """What normalising reads of a transform's (hashable) settings."""
+
+    image_mean: tuple[float, float, float]
+    image_std: tuple[float, float, float]
+    rescale_factor: float
+
 
 _CHANNEL_OFFSETS = np.array([0, 256, 512], dtype=np.uint16).reshape(1, 3, 1)
 
@@ -20,7 +28,7 @@ class Normaliser:
     (it does for the usual 1/255); otherwise a gather from the exact 768-entry table.
     """
 
-    def __init__(self, settings: ProcessorSettings) -> None:
+    def __init__(self, settings: NormaliseSettings) -> None:
         self._mean = np.asarray(settings.image_mean, dtype=np.float32).reshape(1, 3, 1)
         self._std = np.asarray(settings.image_std, dtype=np.float32).reshape(1, 3, 1)
         self._divisor = np.float32(1 / settings.rescale_factor)
@@ -45,5 +53,5 @@ class Normaliser:
 
 
 @functools.lru_cache(maxsize=8)
-def normaliser(settings: ProcessorSettings) -> Normaliser:
+def normaliser(settings: NormaliseSettings) -> Normaliser:
     return Normaliser(settings)

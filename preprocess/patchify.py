@@ -1,5 +1,5 @@
-"""Normalise and patchify a resized image into its pixels: transformers' `pixel_values` layout
-with the frame once (`ProcessorSettings.frame_dim`; transformers repeats it over T).
+"""Normalise and patchify a resized image into its pixels: rows of C·P·P (the frame once;
+transformers' processors with a temporal patch repeat it over T) in merge-block order.
 
 `patchify_reference` is the numpy version; `csrc/preprocess/patchify.cpp` writes the same floats
 in one pass (a 768-entry lookup, no float arithmetic of its own), about twice as fast and without
@@ -13,19 +13,47 @@ from __future__ import annotations
 
 import ctypes
 import functools
+from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 
 from preprocess.native import checked_kernel, load
-from preprocess.normalise import normaliser
-from preprocess.settings import ProcessorSettings
+from preprocess.normalise import NormaliseSettings, normaliser
 
 
-def _output_shape(height: int, width: int, settings: ProcessorSettings) -> tuple[int, int]:
+class PatchSettings(NormaliseSettings, Protocol):
+    """What patchifying reads of a transform's (hashable) settings."""
+
+    patch_size: int
+    merge_size: int  # patches are written in blocks of merge_size × merge_size (1: row-major)
+
+    @property
+    def frame_dim(self) -> int:
+        """C·P·P: the width of a row."""
+        ...
+
+
+@dataclass(frozen=True)
+class PatchLayout:
+    """Plain `PatchSettings`, for checking the kernel against the reference."""
+
+    patch_size: int = 14
+    merge_size: int = 2
+    image_mean: tuple[float, float, float] = (0.48145466, 0.4578275, 0.40821073)
+    image_std: tuple[float, float, float] = (0.26862954, 0.26130258, 0.27577711)
+    rescale_factor: float = 1 / 255
+
+    @property
+    def frame_dim(self) -> int:
+        return 3 * self.patch_size * self.patch_size
+
+
+def _output_shape(height: int, width: int, settings: PatchSettings) -> tuple[int, int]:
     return (height // settings.patch_size) * (width // settings.patch_size), settings.frame_dim
 
 
-def _check_shapes(rgb: np.ndarray, settings: ProcessorSettings, out: np.ndarray) -> None:
+def _check_shapes(rgb: np.ndarray, settings: PatchSettings, out: np.ndarray) -> None:
     block = settings.patch_size * settings.merge_size
     tiles = rgb.ndim == 3 and rgb.shape[0] % block == 0 and rgb.shape[1] % block == 0
     if not tiles or rgb.shape[2] != 3 or rgb.dtype != np.uint8:
@@ -35,7 +63,7 @@ def _check_shapes(rgb: np.ndarray, settings: ProcessorSettings, out: np.ndarray)
         raise ValueError(f"expected a C-contiguous {expected} float32 output, got {out.shape} {out.dtype}")
 
 
-def patchify_reference(rgb: np.ndarray, settings: ProcessorSettings, out: np.ndarray) -> None:
+def patchify_reference(rgb: np.ndarray, settings: PatchSettings, out: np.ndarray) -> None:
     """Write normalised patches of `rgb` [H, W, 3] uint8 into `out` [N, C·P·P] float32.
 
     Row order is (block_h, block_w, merge_h, merge_w); column order is (C, P_h, P_w), as
@@ -60,7 +88,7 @@ class PatchifyKernel:
         self._function.argtypes += [ctypes.c_int, ctypes.c_int, ctypes.c_void_p]
         self._function.restype = ctypes.c_int
 
-    def __call__(self, rgb: np.ndarray, settings: ProcessorSettings, out: np.ndarray) -> None:
+    def __call__(self, rgb: np.ndarray, settings: PatchSettings, out: np.ndarray) -> None:
         _check_shapes(rgb, settings, out)
         source = np.ascontiguousarray(rgb)
         table = normaliser(settings).table  # [1, 3, 256] float32, C-contiguous
@@ -82,8 +110,8 @@ def agrees_with_reference(kernel: PatchifyKernel) -> bool:
     settings and for ones whose normalisation takes the lookup table."""
     rng = np.random.default_rng(0)
     cases = (
-        (ProcessorSettings(), 2, 3),
-        (ProcessorSettings(patch_size=16, rescale_factor=0.0039, image_std=(0.3, 0.2, 0.1)), 1, 2),
+        (PatchLayout(), 2, 3),
+        (PatchLayout(patch_size=16, rescale_factor=0.0039, image_std=(0.3, 0.2, 0.1)), 1, 2),
     )
     for settings, blocks_h, blocks_w in cases:
         block = settings.patch_size * settings.merge_size
@@ -108,7 +136,7 @@ def kernel() -> PatchifyKernel | None:
     )
 
 
-def patchify_into(rgb: np.ndarray, settings: ProcessorSettings, out: np.ndarray) -> None:
+def patchify_into(rgb: np.ndarray, settings: PatchSettings, out: np.ndarray) -> None:
     """`patchify_reference`'s result, from the compiled kernel where there is one."""
     compiled = kernel()
     if compiled is None:

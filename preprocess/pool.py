@@ -32,13 +32,12 @@ from preprocess.errors import (
     PreprocessWorkerDied,
 )
 from preprocess.gate import AdmissionGate
-from preprocess.image import num_tokens
 from preprocess.pins import Pins
 from preprocess.probe import pixel_values_nbytes
 from preprocess.processed import ProcessedImage, SharedPixels
-from preprocess.settings import ProcessorSettings
 from preprocess.spares import SpareSegments
 from preprocess.supervisor import InlineExecutor, WorkerSupervisor
+from preprocess.transform import ImageTransform
 from preprocess.video import VideoSource, plan, video_pixel_values_nbytes
 from preprocess.worker import Task, TaskDone
 
@@ -71,7 +70,7 @@ class PreprocessPool:
 
     def __init__(
         self,
-        settings: ProcessorSettings,
+        settings: ImageTransform,
         num_workers: int | None = None,
         cache_bytes: int = 1 << 30,
         max_pending: int | None = None,
@@ -260,7 +259,7 @@ class PreprocessPool:
         if error is None:
             try:
                 settings = task.source.settings if isinstance(task.source, VideoSource) else self.settings
-                tokens = num_tokens(done.grid, settings)
+                tokens = settings.num_tokens(done.grid)
                 shared = SharedPixels(
                     task.mm_hash,
                     done.handle,

@@ -2,7 +2,7 @@
 
 The frontend uses this to build token ids (one placeholder run of `num_tokens` per image)
 while the pool is still making the pixels. It agrees with full processing by construction:
-same checks, same EXIF orientation, same smart-resize.
+same checks, same EXIF orientation, the same transform's geometry.
 """
 
 from __future__ import annotations
@@ -11,9 +11,8 @@ from dataclasses import dataclass
 
 from PIL import Image
 
-from preprocess.decode import ImageSource, RawImage, check_size, open_encoded, oriented_size
-from preprocess.image import GridTHW, grid_thw, num_tokens, pixel_values_shape
-from preprocess.settings import ProcessorSettings
+from preprocess.decode import ImageSource, RawImage, open_encoded, oriented_size
+from preprocess.transform import GridTHW, ImageTransform
 
 
 @dataclass(frozen=True)
@@ -24,25 +23,25 @@ class ImageHeader:
     num_tokens: int
 
 
-def probe(image: bytes | Image.Image, settings: ProcessorSettings) -> ImageHeader:
+def probe(image: bytes | Image.Image, settings: ImageTransform) -> ImageHeader:
     """Size, grid and placeholder token count. Raises the same `ImageError`s processing would
-    for anything visible in the header (format, size, pixel limit, aspect ratio)."""
+    for anything visible in the header (format, size, pixel limit, the transform's limits)."""
     if isinstance(image, Image.Image):
         width, height = image.size
-        check_size(width, height, settings)
+        settings.check_size(width, height)
     else:
         width, height = oriented_size(open_encoded(image, settings), image)
-    grid = grid_thw(height, width, settings)
-    return ImageHeader(width, height, grid, num_tokens(grid, settings))
+    grid = settings.grid(height, width)
+    return ImageHeader(width, height, grid, settings.num_tokens(grid))
 
 
-def pixel_values_nbytes(source: ImageSource, settings: ProcessorSettings) -> int:
+def pixel_values_nbytes(source: ImageSource, settings: ImageTransform) -> int:
     """Size of the `pixel_values` `source` will produce, from the header. EXIF orientation is
-    not needed: smart-resize is symmetric in height and width, so a swap keeps the area."""
+    not needed: a transform's rows are the same for a size and its transpose."""
     if isinstance(source, RawImage):
         width, height = source.size
-        check_size(width, height, settings)
+        settings.check_size(width, height)
     else:
         width, height = open_encoded(source, settings).size
-    rows, columns = pixel_values_shape(grid_thw(height, width, settings), settings)
+    rows, columns = settings.pixel_values_shape(settings.grid(height, width))
     return rows * columns * 4  # float32

@@ -9,7 +9,7 @@ from collections.abc import Callable
 import numpy as np
 
 from preprocess import shm
-from preprocess.image import GridTHW
+from preprocess.transform import GridTHW
 
 FreeSegment = Callable[[str, int], None]  # (shm_name, segment_bytes): recycle or unlink
 

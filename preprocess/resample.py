@@ -1,6 +1,6 @@
 """Bicubic resize of RGB uint8 pixels, bit-identical to the installed Pillow's `Image.resize`.
 
-transformers' Qwen-VL processors resize with Pillow, so its result is what the model must see.
+transformers' PIL image processors resize with Pillow, so its result is what the model must see.
 `csrc/preprocess/resample_bicubic.cpp` computes the same integers about 4× faster (vectorised;
 see BENCHMARKS.md). One thing is not in the arithmetic: Pillow rounds to uint8 between its two
 passes, so the order of the passes shows in the result, and Pillow 13 changed it: it runs the

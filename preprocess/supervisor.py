@@ -28,7 +28,7 @@ from multiprocessing.process import BaseProcess
 
 from preprocess import shm
 from preprocess.errors import PreprocessError, PreprocessFailed, PreprocessPoolClosed, PreprocessWorkerDied
-from preprocess.settings import ProcessorSettings
+from preprocess.transform import ImageTransform
 from preprocess.worker import Task, TaskDone, WorkerReady, run_task, worker_main
 
 logger = logging.getLogger("preprocess")
@@ -42,7 +42,7 @@ _SHUTDOWN_GRACE_S = 2.0
 class InlineExecutor:
     """`num_workers=0`: run each task in the caller's thread (for debugging and tests)."""
 
-    def __init__(self, settings: ProcessorSettings, on_done: OnDone) -> None:
+    def __init__(self, settings: ImageTransform, on_done: OnDone) -> None:
         self._settings = settings
         self._on_done = on_done
         self.tasks_dispatched = 0
@@ -75,7 +75,7 @@ class WorkerSupervisor:
     """`num_workers` spawned processes fed one task at a time (no fork: the pool process may
     hold torch and threads)."""
 
-    def __init__(self, settings: ProcessorSettings, num_workers: int, on_done: OnDone) -> None:
+    def __init__(self, settings: ImageTransform, num_workers: int, on_done: OnDone) -> None:
         self._ctx = mp.get_context("spawn")
         self._settings = settings
         self._on_done = on_done

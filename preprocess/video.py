@@ -1,10 +1,5 @@
-"""Videos: which frames are sampled, and the pure transforms from RGB frames to `pixel_values`.
-
-The result equals transformers' Qwen video processors (`Qwen2VLVideoProcessor` for Qwen2-VL and
-Qwen2.5-VL, `Qwen3VLVideoProcessor`) given the same frames: the resize is the same antialiased
-bicubic on uint8 that torchvision's tensor path calls (torch's own kernel), the normalisation is
-the same float32 arithmetic, and patches are laid out as theirs, with the last frame repeated
-up to a whole temporal patch.
+"""Videos: which frames are sampled, and the path from container bytes (or given frames) through
+the settings' `VideoTransform` to `pixel_values`.
 
 Frames are sampled here rather than by the processor (as vLLM's video loader does): `num_frames`
 evenly spaced frames from first to last, or `fps` frames per second of video, never more than the
@@ -21,9 +16,8 @@ import numpy as np
 import xxhash
 
 from preprocess.errors import EmptyVideo
-from preprocess.image import GridTHW, check_aspect_ratio, smart_resize
+from preprocess.transform import GridTHW, VideoTransform
 from preprocess.video_decode import check_decode_cost, decode_frames, probe_video
-from preprocess.video_settings import VideoSettings
 
 DEFAULT_NUM_FRAMES = 32  # vLLM's default when neither num_frames nor fps is set
 
@@ -58,7 +52,7 @@ class VideoSource:
     """A video to process: container bytes to sample with `sampling`, or RGB frames
     [T, H, W, 3] uint8 (as bytes, with their shape) used as given, with an optional fps."""
 
-    settings: VideoSettings
+    settings: VideoTransform
     data: bytes = b""
     frames_shape: tuple[int, int, int, int] | None = None
     fps: float | None = None
@@ -66,7 +60,7 @@ class VideoSource:
 
     @classmethod
     def from_frames(
-        cls, frames: np.ndarray, settings: VideoSettings, fps: float | None = None
+        cls, frames: np.ndarray, settings: VideoTransform, fps: float | None = None
     ) -> VideoSource:
         if frames.ndim != 4 or frames.shape[-1] != 3 or frames.dtype != np.uint8:
             raise EmptyVideo(f"video frames must be [T, H, W, 3] uint8, got {frames.dtype} {frames.shape}")
@@ -85,7 +79,7 @@ class VideoSource:
 
 
 def sample_indices(
-    total: int, video_fps: float | None, sampling: FrameSampling, settings: VideoSettings
+    total: int, video_fps: float | None, sampling: FrameSampling, settings: VideoTransform
 ) -> np.ndarray:
     """Indices of the frames to take from a video of `total` frames: evenly spaced, first and
     last included."""
@@ -101,40 +95,9 @@ def sample_indices(
     return np.linspace(0, total - 1, count).round().astype(np.int64)
 
 
-def resized_size(num_frames: int, height: int, width: int, settings: VideoSettings) -> tuple[int, int]:
-    """Target (height, width) of every frame, as the family's video processor computes it."""
-    if settings.family != "qwen3_vl":
-        return smart_resize(height, width, settings)  # each frame on its own, like an image
-    temporal = settings.temporal_patch_size
-    if num_frames < temporal:
-        raise EmptyVideo(f"this model needs at least {temporal} video frames, got {num_frames}")
-    factor = settings.factor
-    if height < factor or width < factor:  # Qwen3-VL lifts frames smaller than one token
-        scale = max(factor / height, factor / width)
-        height, width = int(height * scale), int(width * scale)
-    check_aspect_ratio(height, width)
-    h_bar, w_bar = round(height / factor) * factor, round(width / factor) * factor
-    t_bar = round(num_frames / temporal) * temporal
-    if t_bar * h_bar * w_bar > settings.max_pixels:
-        beta = math.sqrt(num_frames * height * width / settings.max_pixels)
-        h_bar = max(factor, math.floor(height / beta / factor) * factor)
-        w_bar = max(factor, math.floor(width / beta / factor) * factor)
-    elif t_bar * h_bar * w_bar < settings.min_pixels:
-        beta = math.sqrt(settings.min_pixels / (num_frames * height * width))
-        h_bar = math.ceil(height * beta / factor) * factor
-        w_bar = math.ceil(width * beta / factor) * factor
-    return h_bar, w_bar
-
-
-def video_grid(num_frames: int, height: int, width: int, settings: VideoSettings) -> GridTHW:
-    """`video_grid_thw`: temporal patches (the last one padded) and the patch grid of a frame."""
-    resized_h, resized_w = resized_size(num_frames, height, width, settings)
-    grid_t = -(-num_frames // settings.temporal_patch_size)
-    return grid_t, resized_h // settings.patch_size, resized_w // settings.patch_size
-
-
-def video_pixel_values_nbytes(grid: GridTHW, settings: VideoSettings) -> int:
-    return grid[0] * grid[1] * grid[2] * settings.patch_dim * 4  # float32
+def video_pixel_values_nbytes(grid: GridTHW, settings: VideoTransform) -> int:
+    rows, columns = settings.pixel_values_shape(grid)
+    return rows * columns * 4  # float32
 
 
 @dataclass(frozen=True)
@@ -152,12 +115,12 @@ def plan(source: VideoSource) -> VideoPlan:
     if source.frames_shape is not None:
         num_frames, height, width, _ = source.frames_shape
         info = VideoInfo(tuple(range(num_frames)), source.fps, num_frames)
-        return VideoPlan(video_grid(num_frames, height, width, settings), info, decode=False)
+        return VideoPlan(settings.grid(num_frames, height, width), info, decode=False)
     header = probe_video(source.data, settings)
     indices = sample_indices(header.num_frames, header.fps, source.sampling, settings)
     check_decode_cost(header, int(indices[-1]), settings)
     info = VideoInfo(tuple(indices.tolist()), header.fps, header.num_frames)
-    return VideoPlan(video_grid(len(indices), header.height, header.width, settings), info, decode=True)
+    return VideoPlan(settings.grid(len(indices), header.height, header.width), info, decode=True)
 
 
 def process_video(
@@ -170,29 +133,6 @@ def process_video(
     else:
         frames = np.frombuffer(source.data, dtype=np.uint8).reshape(source.frames_shape)
     grid = video.grid
-    out = allocate((grid[0] * grid[1] * grid[2], source.settings.patch_dim))
-    patchify_video_into(frames, grid, source.settings, out)
+    out = allocate(source.settings.pixel_values_shape(grid))
+    source.settings.patchify(frames, grid, out)
     return grid, video.info
-
-
-def patchify_video_into(frames: np.ndarray, grid: GridTHW, settings: VideoSettings, out: np.ndarray) -> None:
-    """frames [T, H, W, 3] uint8 → `out` [grid_t·gh·gw, C·T·P·P] float32, rows in (t, block_h,
-    block_w, merge_h, merge_w) order and columns in (C, T, P_h, P_w) order, as transformers."""
-    import torch  # only the video path needs torch, for the same resize kernel as torchvision
-
-    grid_t, gh, gw = grid
-    p, m, tp = settings.patch_size, settings.merge_size, settings.temporal_patch_size
-    frames = np.require(frames, requirements="W")  # torch wants writable memory (copies if not)
-    video = torch.from_numpy(frames).permute(0, 3, 1, 2).contiguous()  # [T, 3, H, W] uint8
-    if (video.shape[2], video.shape[3]) != (gh * p, gw * p):
-        video = torch.nn.functional.interpolate(
-            video, size=[gh * p, gw * p], mode="bicubic", align_corners=False, antialias=True
-        )
-    mean = torch.tensor(settings.image_mean) * (1.0 / settings.rescale_factor)
-    std = torch.tensor(settings.image_std) * (1.0 / settings.rescale_factor)
-    video = (video.to(torch.float32) - mean.view(-1, 1, 1)) / std.view(-1, 1, 1)
-    if pad := grid_t * tp - video.shape[0]:
-        video = torch.cat([video, video[-1:].expand(pad, -1, -1, -1)])
-    # [grid_t, tp, C, gh/m, m, p, gw/m, m, p] → [grid_t, gh/m, gw/m, m, m, C, tp, p, p]
-    patches = video.view(grid_t, tp, 3, gh // m, m, p, gw // m, m, p).permute(0, 3, 6, 4, 7, 2, 1, 5, 8)
-    torch.from_numpy(out).view(grid_t, gh // m, gw // m, m, m, 3, tp, p, p).copy_(patches)

@@ -15,7 +15,7 @@ import av
 import numpy as np
 
 from preprocess.errors import CorruptVideo, EmptyVideo, UnsupportedVideoFormat, VideoTooLarge
-from preprocess.video_settings import VideoSettings
+from preprocess.transform import VideoTransform
 
 
 @dataclass(frozen=True)
@@ -26,7 +26,7 @@ class VideoHeader:
     fps: float | None  # the stream's average frame rate, None where unknown
 
 
-def _open(data: bytes, settings: VideoSettings) -> av.container.InputContainer:
+def _open(data: bytes, settings: VideoTransform) -> av.container.InputContainer:
     if not data:
         raise UnsupportedVideoFormat("video data is empty")
     try:
@@ -61,7 +61,7 @@ def _count_frames(container: av.container.InputContainer, limit: int) -> int:
     return count
 
 
-def probe_video(data: bytes, settings: VideoSettings) -> VideoHeader:
+def probe_video(data: bytes, settings: VideoTransform) -> VideoHeader:
     """The header, checked against the limits; no frame is decoded."""
     container = _open(data, settings)
     try:
@@ -98,7 +98,7 @@ def _check_not_truncated(num_frames: int, announced_frames: float) -> None:
         )
 
 
-def check_decode_cost(header: VideoHeader, last_index: int, settings: VideoSettings) -> None:
+def check_decode_cost(header: VideoHeader, last_index: int, settings: VideoTransform) -> None:
     """Frames are decoded in order up to the last sampled one: refuse what costs too much."""
     decoded = (last_index + 1) * header.width * header.height
     if decoded > settings.max_decoded_pixels:
@@ -108,7 +108,7 @@ def check_decode_cost(header: VideoHeader, last_index: int, settings: VideoSetti
         )
 
 
-def decode_frames(data: bytes, indices: np.ndarray, settings: VideoSettings) -> np.ndarray:
+def decode_frames(data: bytes, indices: np.ndarray, settings: VideoTransform) -> np.ndarray:
     """RGB frames at `indices` (sorted, distinct or not): [len(indices), H, W, 3] uint8."""
     wanted = set(indices.tolist())
     last = int(indices[-1])

@@ -21,8 +21,7 @@ from preprocess import patchify, resample, shm
 from preprocess.decode import ImageSource, decode_rgb
 from preprocess.errors import ImageError, PreprocessFailed
 from preprocess.hashing import pixels_digest
-from preprocess.image import GridTHW, process_rgb
-from preprocess.settings import ProcessorSettings
+from preprocess.transform import GridTHW, ImageTransform
 from preprocess.video import VideoInfo, VideoSource, process_video
 
 
@@ -83,7 +82,7 @@ class ScratchPixels(threading.local):
 _scratch = ScratchPixels()
 
 
-def run_task(task: Task, settings: ProcessorSettings) -> TaskDone:
+def run_task(task: Task, settings: ImageTransform) -> TaskDone:
     """Decode, transform and write into shared memory. Never raises for a bad image or an
     internal failure: both come back as `TaskDone.error`, and a segment this call created is
     unlinked again (a recycled one stays the pool's)."""
@@ -101,7 +100,7 @@ def run_task(task: Task, settings: ProcessorSettings) -> TaskDone:
         if isinstance(task.source, VideoSource):
             grid, video_info = process_video(task.source, allocate)
         else:
-            grid = process_rgb(decode_rgb(task.source, settings), settings, allocate)
+            grid = settings.process(decode_rgb(task.source, settings), allocate)
         assert handle is not None and pixels is not None  # every path allocates its output
         digest = pixels_digest(pixels)
         shm.write_segment(handle, task.segment_bytes, pixels, create=not task.recycled)
@@ -121,7 +120,7 @@ def _set_process_name(name: bytes) -> None:
         ctypes.CDLL(ctypes.util.find_library("c")).prctl(15, ctypes.c_char_p(name[:15]), 0, 0, 0)
 
 
-def worker_main(conn: Connection, settings: ProcessorSettings) -> None:
+def worker_main(conn: Connection, settings: ImageTransform) -> None:
     """Entry point of a worker process; returns when told to (None) or when the pool is gone."""
     # Ctrl-C belongs to the pool process, which shuts workers down in order.
     signal.signal(signal.SIGINT, signal.SIG_IGN)

@@ -9,7 +9,7 @@ import argparse
 import json
 import re
 
-from mmserve.config import PROCESSOR_KWARGS, CompilationConfig
+from mmserve.config import CompilationConfig
 
 _UNITS = {"": 1, "b": 1, "k": 1e3, "kb": 1e3, "kib": 1024, "m": 1e6, "mb": 1e6, "mib": 1 << 20}
 _UNITS |= {"g": 1e9, "gb": 1e9, "gib": 1 << 30, "t": 1e12, "tb": 1e12, "tib": 1 << 40}
@@ -77,18 +77,18 @@ def parse_compilation_config(text: str) -> dict:
 
 
 def parse_mm_processor_kwargs(text: str) -> dict[str, int]:
-    """--mm-processor-kwargs '{"min_pixels": 3136, "max_pixels": 1003520}', as vLLM names it."""
+    """--mm-processor-kwargs '{"min_pixels": 3136, "max_pixels": 1003520}', as vLLM names it: a
+    JSON object of positive integers (which keys a model takes is its family's, checked when
+    its folder is read)."""
     try:
         value = json.loads(text)
     except json.JSONDecodeError:
         value = None
-    if (
-        not isinstance(value, dict)
-        or set(value) - set(PROCESSOR_KWARGS)
-        or not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in value.values())
+    if not isinstance(value, dict) or not all(
+        isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in value.values()
     ):
         raise argparse.ArgumentTypeError(
-            f"--mm-processor-kwargs sets {' and/or '.join(PROCESSOR_KWARGS)} (positive integers), "
+            "--mm-processor-kwargs takes a JSON object of positive integers, "
             f"""e.g. '{{"max_pixels": 1003520}}'; got {text!r}"""
         )
     return value

@@ -15,9 +15,11 @@ from mmserve.frontend.input_processor import InputProcessor
 from mmserve.frontend.media import MediaLoader
 from mmserve.frontend.output_processor import OutputProcessor
 from mmserve.frontend.tokenizer import Tokenizer
-from mmserve.frontend.video_inputs import VIDEO_PAD, VideoSupport, VideoTokens, parse_sampling
+from mmserve.frontend.video_inputs import VideoSupport, parse_sampling
+from mmserve.models.family import MultiModalProcessor
+from mmserve.models.registry import family_named
 from mmserve.sampling_params import SamplingParams
-from preprocess import PreprocessPool, ProcessorSettings, VideoSettings
+from preprocess import PreprocessPool
 
 
 @dataclass
@@ -63,17 +65,18 @@ def build_frontend(
     special_tokens_in_content: bool = False,
     chat_template: str | None = None,
 ) -> Frontend:
-    """Read the model folder's tokenizer and preprocessor config and start the preprocess pool
-    (`config.multimodal.preprocess_workers` processes; 0 = in this process). Special-token text
-    in chat messages is plain text unless `special_tokens_in_content`. `chat_template` (Jinja
-    source) replaces the folder's; `config.multimodal.processor_kwargs` override the
-    preprocessor config's pixel bounds, and so enter every image's hash."""
+    """Read the model folder's tokenizer, build its family's multimodal processor and start the
+    preprocess pool with the processor's image transform (`config.multimodal.preprocess_workers`
+    processes; 0 = in this process). Special-token text in chat messages is plain text unless
+    `special_tokens_in_content`. `chat_template` (Jinja source) replaces the folder's;
+    `config.multimodal.processor_kwargs` override the processor's settings, and so enter every
+    item's hash."""
     model_dir = config.model.path
     tokenizer = Tokenizer(model_dir, chat_template=chat_template)
-    processor_config = json.loads((model_dir / "preprocessor_config.json").read_text())
-    processor_config |= config.multimodal.processor_kwargs
+    family = family_named(config.model.family)
+    processor = family.multimodal_processor(config.model, tokenizer, config.multimodal.processor_kwargs)
     pool = PreprocessPool(
-        ProcessorSettings.from_hf_config(processor_config, family=config.model.family),
+        processor.image_settings,
         config.multimodal.preprocess_workers,
         cache_bytes=config.multimodal.processor_cache_bytes,
     )
@@ -84,7 +87,8 @@ def build_frontend(
             media,
             config.model.max_model_len,
             config.multimodal.max_images_per_prompt,
-            video_support(config, tokenizer),
+            processor,
+            video_support(config, processor),
             special_tokens_in_content=special_tokens_in_content,
         )
         default_params = default_sampling_params(
@@ -96,21 +100,10 @@ def build_frontend(
     return Frontend(tokenizer, pool, inputs, OutputProcessor(tokenizer), default_params)
 
 
-def video_support(config: EngineConfig, tokenizer: Tokenizer) -> VideoSupport:
-    """The model's video processor (video_preprocessor_config.json, else preprocessor_config.json
-    as transformers falls back), the server's default sampling and the per-prompt limit."""
-    model_dir = config.model.path
-    video_file = model_dir / "video_preprocessor_config.json"
-    if not video_file.is_file():
-        video_file = model_dir / "preprocessor_config.json"
-    settings = VideoSettings.from_hf_config(json.loads(video_file.read_text()), config.model.family)
-    tokens = VideoTokens(
-        family=config.model.family,
-        pad_id=tokenizer.token_to_id(VIDEO_PAD),
-        vision_start_id=config.model.vision_start_token_id,
-        vision_end_id=config.model.vision_end_token_id,
-        temporal_patch_size=settings.temporal_patch_size,
-        encode=tokenizer.encode,
-    )
+def video_support(config: EngineConfig, processor: MultiModalProcessor) -> VideoSupport | None:
+    """The model's video transform, the server's default sampling and the per-prompt limit
+    (None: the family takes no videos)."""
+    if processor.video_settings is None:
+        return None
     sampling = parse_sampling(config.multimodal.media_io_kwargs.get("video"))
-    return VideoSupport(settings, tokens, config.multimodal.max_videos_per_prompt, sampling)
+    return VideoSupport(processor.video_settings, config.multimodal.max_videos_per_prompt, sampling)

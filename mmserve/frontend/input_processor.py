@@ -1,9 +1,9 @@
 """Prompts in, EngineRequest-ready token ids and image / video features out.
 
 Chat messages are validated, their images and videos loaded (data URL, file, http) and
-preprocessed by the pool, the chat template renders one <|image_pad|> per image and one
-<|video_pad|> per video, and each pad is expanded to its item's tokens (see `video_inputs` for
-a video's). The item's mm_hash from the pool keys every cache.
+preprocessed by the pool, the chat template renders one placeholder per image and per video,
+and each placeholder is expanded to what the model family's processor lays out for its item
+(placeholders.py). The item's mm_hash from the pool keys every cache.
 
 An image the engine already holds (the mirror says so: engine_mirror.py) is hashed and sent by
 hash alone, never preprocessed or copied; any other image's pixels stay in the pool's shared
@@ -21,7 +21,6 @@ from collections.abc import Callable
 import numpy as np
 from PIL import Image
 
-from mmserve.config import PROCESSOR_KWARGS
 from mmserve.frontend.chat_parsing import ImageInput, MediaInput, PromptError, parse_messages
 from mmserve.frontend.engine_mirror import ImageSource
 from mmserve.frontend.file_store import FileResolver, StoredImage
@@ -38,6 +37,7 @@ from mmserve.frontend.video_inputs import (
     parse_sampling,
     pool_input,
 )
+from mmserve.models.family import MultiModalProcessor
 from preprocess import PreprocessPool, ProcessedImage, VideoSource
 
 
@@ -70,6 +70,7 @@ class InputProcessor:
         loader: MediaLoader,
         max_model_len: int,
         image_limit: int,
+        processor: MultiModalProcessor,
         videos: VideoSupport | None = None,
         special_tokens_in_content: bool = False,
     ) -> None:
@@ -78,6 +79,7 @@ class InputProcessor:
         self.loader = loader
         self.max_model_len = max_model_len
         self.image_limit = image_limit
+        self.processor = processor  # the model family's: what a placeholder becomes
         self.videos = videos  # None: the model folder has no video processor; videos are refused
         self.video_limit = videos.limit if videos else 0
         # False: special-token text in messages is plain text (see special_text.py).
@@ -155,9 +157,11 @@ class InputProcessor:
         self, items: list[MediaInput], mm_processor_kwargs: dict | None = None
     ) -> list[bytes | Image.Image | VideoSource]:
         """What the pool is given for each item; videos sampled per the request or the server."""
-        if set(mm_processor_kwargs or {}) & set(PROCESSOR_KWARGS):
+        server_only = sorted(set(mm_processor_kwargs or {}) - {"num_frames", "fps"})
+        if server_only:
             raise PromptError(
-                "min_pixels and max_pixels are the server's (--mm-processor-kwargs), not a request's",
+                f"{' and '.join(server_only)} are the server's settings (--mm-processor-kwargs), not a "
+                "request's: a request's mm_processor_kwargs may set a video's num_frames or fps",
                 "mm_processor_kwargs",
             )
         if not any(isinstance(item, VideoData) for item in items):
@@ -246,9 +250,7 @@ class InputProcessor:
         """Expand each placeholder to its item's tokens. An image's pixels stay in shared memory,
         held by the prompt until it is sent (a video's are copied out, and its segment let go)."""
         try:
-            expanded, features = expand_placeholders(
-                token_ids, processed, self.tokenizer.image_pad_id, self.videos.tokens if self.videos else None
-            )
+            expanded, features = expand_placeholders(token_ids, processed, self.processor)
             self._check_length(len(expanded))
         except BaseException as e:
             for item in processed:

@@ -1,18 +1,20 @@
-"""Expanding a prompt's placeholder tokens into its items' token runs, and their features.
+"""Expanding a prompt's placeholder tokens into its items' tokens, and their features.
 
-Each `<|image_pad|>` becomes its image's run of pads, each `<|video_pad|>` what the family lays
-out for a video (`VideoTokens.expand`); images and videos are matched to their pads in prompt
-order, each modality on its own, as transformers' processors match them.
+Each image placeholder the chat template rendered (or the user wrote) becomes what the model
+family's processor lays out for that image, each video placeholder what it lays out for the
+video (`MultiModalProcessor.expand_image` / `expand_video`); images and videos are matched to
+their placeholders in prompt order, each modality on its own, as transformers' processors match
+them.
 """
 
 from __future__ import annotations
 
+import numpy as np
+
 from mmserve.frontend.engine_mirror import ByHashImage
-from mmserve.frontend.video_inputs import VIDEO_PAD, VideoTokens
+from mmserve.models.family import MultiModalProcessor, Placement
 from mmserve.protocol import MultiModalFeature, PixelHandle
 from preprocess import ProcessedImage
-
-IMAGE_PAD = "<|image_pad|>"
 
 
 class PlaceholderMismatch(ValueError):
@@ -20,10 +22,7 @@ class PlaceholderMismatch(ValueError):
 
 
 def expand_placeholders(
-    token_ids: list[int],
-    processed: list[ProcessedImage | ByHashImage],
-    image_pad_id: int,
-    videos: VideoTokens | None,
+    token_ids: list[int], processed: list[ProcessedImage | ByHashImage], processor: MultiModalProcessor
 ) -> tuple[list[int], list[MultiModalFeature]]:
     """`processed`: the prompt's images and videos (each modality in prompt order). An image's
     feature names its pixels in shared memory (`pixel_handle`, not pinned yet: see
@@ -31,39 +30,51 @@ def expand_placeholders(
     out. Releasing `processed` is the caller's."""
     images = [p for p in processed if p.video_info is None]
     clips = [p for p in processed if p.video_info is not None]
-    video_pad_id = videos.pad_id if videos is not None else -1
-    _check_count(token_ids.count(image_pad_id), len(images), IMAGE_PAD, "images")
-    _check_count(token_ids.count(video_pad_id) if clips or videos else 0, len(clips), VIDEO_PAD, "videos")
+    image_id = processor.image_placeholder_id
+    video_id = processor.video_placeholder_id if processor.video_placeholder_id is not None else -1
+    _check_count(token_ids.count(image_id), len(images), processor.image_placeholder, "images")
+    if clips or processor.video_placeholder is not None:
+        _check_count(token_ids.count(video_id), len(clips), processor.video_placeholder, "videos")
     next_image, next_clip = iter(images), iter(clips)
     expanded: list[int] = []
     features: list[MultiModalFeature] = []
     previous = 0
     for position, token in enumerate(token_ids):
-        if token != image_pad_id and token != video_pad_id:
+        if token != image_id and token != video_id:
             continue
         expanded.extend(token_ids[previous:position])
         previous = position + 1
-        if token == image_pad_id:
-            image = next(next_image)
-            by_hash = isinstance(image, ByHashImage)  # the engine holds it (see engine_mirror)
-            handle = None if by_hash else pixel_handle(image)
-            features.append(
-                MultiModalFeature(
-                    image.mm_hash,
-                    len(expanded),
-                    image.num_tokens,
-                    image.grid_thw,
-                    by_hash=by_hash,
-                    pixel_handle=handle,
-                )
-            )
-            expanded.extend([image_pad_id] * image.num_tokens)
+        if token == image_id:
+            item = next(next_image)
+            expansion = processor.expand_image(item)
         else:
-            tokens, video_features = videos.expand(next(next_clip), len(expanded))
-            features.extend(video_features)
-            expanded.extend(tokens)
+            item = next(next_clip)
+            expansion = processor.expand_video(item)
+        features += [_feature(item, placement, len(expanded)) for placement in expansion.placements]
+        expanded.extend(expansion.token_ids)
     expanded.extend(token_ids[previous:])
     return expanded, features
+
+
+def _feature(item: ProcessedImage | ByHashImage, placement: Placement, start: int) -> MultiModalFeature:
+    """The feature of one placement of `item`, whose tokens start at `start` in the prompt."""
+    mm_hash = item.mm_hash if placement.part is None else f"{item.mm_hash}-{placement.part}"
+    feature = MultiModalFeature(
+        mm_hash,
+        start + placement.offset,
+        placement.length,
+        placement.grid_thw,
+        position_step=placement.position_step,
+    )
+    if item.video_info is not None:
+        start_row, stop_row = placement.rows or (0, len(item.pixel_values))
+        feature.pixel_values = np.array(item.pixel_values[start_row:stop_row])  # out of shared memory
+        feature.modality = "video"
+    elif isinstance(item, ByHashImage):
+        feature.by_hash = True  # the engine holds it (see engine_mirror)
+    else:
+        feature.pixel_handle = pixel_handle(item)
+    return feature
 
 
 def pixel_handle(image: ProcessedImage, use_id: int = 0) -> PixelHandle:
@@ -72,6 +83,8 @@ def pixel_handle(image: ProcessedImage, use_id: int = 0) -> PixelHandle:
     return PixelHandle(handle.shm_name, tuple(handle.shape), handle.dtype, image.digest, use_id)
 
 
-def _check_count(num_pads: int, num_items: int, pad: str, what: str) -> None:
-    if num_pads != num_items:
-        raise PlaceholderMismatch(f"the prompt has {num_pads} {pad} placeholders for {num_items} {what}")
+def _check_count(num_placeholders: int, num_items: int, placeholder: str | None, what: str) -> None:
+    if num_placeholders != num_items:
+        raise PlaceholderMismatch(
+            f"the prompt has {num_placeholders} {placeholder} placeholders for {num_items} {what}"
+        )

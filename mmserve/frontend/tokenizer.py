@@ -17,8 +17,6 @@ from tokenizers.decoders import DecodeStream
 
 from mmserve.frontend.special_text import SpecialTextShield
 
-IMAGE_PAD = "<|image_pad|>"
-
 
 class TemplateError(ValueError):
     """The chat template refused the messages (e.g. an unsupported role order)."""
@@ -42,7 +40,6 @@ class Tokenizer:
         self.special_token_ids = {
             t.content: i for i, t in self._tok.get_added_tokens_decoder().items() if t.special
         }
-        self.image_pad_id = self.token_to_id(IMAGE_PAD)
         plain = HFTokenizer.from_str(self._tok.to_str())
         plain.encode_special_tokens = True  # special-token text is encoded as ordinary text
         self.shield = SpecialTextShield(self.special_token_ids, plain)

@@ -1,5 +1,4 @@
-"""Videos in prompts: what a client may send, how its frames are sampled, and the placeholder
-tokens each family expects.
+"""Videos in prompts: what a client may send, and how its frames are sampled.
 
 A chat part `{"type": "video_url", "video_url": {"url": ...}}` names container bytes (data URL,
 allowed file, allowed host), sampled by `num_frames` or `fps` (the server's --media-io-kwargs,
@@ -7,26 +6,21 @@ overridden per request by `mm_processor_kwargs`); offline, `multi_modal_data={"v
 gives frames (PIL images or a [T, H, W, 3] uint8 array, optionally as `(frames, {"fps": ...})`)
 that are used as given.
 
-Qwen2-VL and Qwen2.5-VL expand a video's `<|video_pad|>` into one run of placeholders (one
-feature); Qwen3-VL into one `<t seconds><|vision_start|>pads<|vision_end|>` group per temporal
-patch, each group a feature of its own, as transformers' processor lays it out.
+What a video's placeholder becomes in the prompt is its model family's business
+(`MultiModalProcessor.expand_video`).
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 from PIL import Image
 
 from mmserve.frontend.media import RawDataUrl
-from mmserve.protocol import MultiModalFeature
-from preprocess import FrameSampling, ProcessedImage, VideoSettings, VideoSource
-
-VIDEO_PAD = "<|video_pad|>"
-ASSUMED_FPS = 24.0  # what transformers assumes for frames given without a rate
+from preprocess import FrameSampling, VideoSource, VideoTransform
 
 
 class VideoArgumentError(ValueError):
@@ -86,80 +80,17 @@ def offline_video(item: Any) -> VideoData:
     )
 
 
-def pool_input(video: VideoData, settings: VideoSettings, sampling: FrameSampling) -> VideoSource:
+def pool_input(video: VideoData, settings: VideoTransform, sampling: FrameSampling) -> VideoSource:
     if video.frames is not None:
         return VideoSource.from_frames(video.frames, settings, fps=video.fps)
     return VideoSource(settings, video.data, sampling=sampling)
 
 
-def sampled_fps(processed: ProcessedImage) -> float:
-    """Frames per second of the sampled frames (transformers' `VideoMetadata.sampled_fps`)."""
-    info = processed.video_info
-    if info.fps is None:
-        return ASSUMED_FPS
-    return len(info.frames_indices) / info.total_num_frames * info.fps
-
-
-def frame_timestamps(processed: ProcessedImage, temporal_patch_size: int) -> list[float]:
-    """Seconds at the middle of each temporal patch (the last one padded with its last frame)."""
-    info = processed.video_info
-    fps = info.fps or ASSUMED_FPS
-    indices = list(info.frames_indices)
-    indices += [indices[-1]] * (-len(indices) % temporal_patch_size)
-    times = [i / fps for i in indices]
-    return [
-        (times[i] + times[i + temporal_patch_size - 1]) / 2 for i in range(0, len(times), temporal_patch_size)
-    ]
-
-
-@dataclass(frozen=True)
-class VideoTokens:
-    """What expanding a video needs from the tokenizer and the model."""
-
-    family: str
-    pad_id: int
-    vision_start_id: int
-    vision_end_id: int
-    temporal_patch_size: int
-    encode: Any  # text → token ids
-
-    def expand(self, processed: ProcessedImage, offset: int) -> tuple[list[int], list[MultiModalFeature]]:
-        """The token ids replacing one `<|video_pad|>` at `offset`, and the video's features."""
-        pixels = np.array(processed.pixel_values)
-        grid_t, gh, gw = processed.grid_thw
-        feature = MultiModalFeature(
-            processed.mm_hash, offset, processed.num_tokens, (grid_t, gh, gw), pixels, modality="video"
-        )
-        if self.family != "qwen3_vl":
-            seconds = self.temporal_patch_size / sampled_fps(processed)
-            return [self.pad_id] * processed.num_tokens, [
-                replace(feature, seconds_per_temporal_patch=seconds)
-            ]
-        per_frame = processed.num_tokens // grid_t
-        tokens: list[int] = []
-        features = []
-        for index, seconds in enumerate(frame_timestamps(processed, self.temporal_patch_size)):
-            tokens += [*self.encode(f"<{seconds:.1f} seconds>"), self.vision_start_id]
-            rows = slice(index * gh * gw, (index + 1) * gh * gw)
-            features.append(
-                replace(
-                    feature,
-                    mm_hash=f"{processed.mm_hash}-{index}",
-                    offset=offset + len(tokens),
-                    length=per_frame,
-                    grid_thw=(1, gh, gw),
-                    pixel_values=pixels[rows],
-                )
-            )
-            tokens += [self.pad_id] * per_frame + [self.vision_end_id]
-        return tokens, features
-
-
 @dataclass(frozen=True)
 class VideoSupport:
-    """Everything the input processor needs for videos of one model."""
+    """Everything the input processor needs for videos of one model (beside its family's
+    processor, which lays a video out in the prompt)."""
 
-    settings: VideoSettings
-    tokens: VideoTokens
+    settings: VideoTransform  # the family's video transform
     limit: int  # videos per prompt
     default_sampling: FrameSampling  # the server's (--media-io-kwargs), else the processor's

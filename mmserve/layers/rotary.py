@@ -1,16 +1,14 @@
 """Rotary position embeddings: M-RoPE for the language model, 2-D RoPE for the vision tower.
 
-M-RoPE gives every token three position ids (temporal, height, width). Text tokens carry the
-same id in all three; an image's tokens carry (t, row, col) offsets from the position where the
-image starts, and the text after an image resumes at start + max(rows, cols). Each third of the
-rotary frequencies (`mrope_section`) is driven by one of the three ids.
+M-RoPE gives every token three position ids (temporal, height, width; which ids a prompt's
+tokens get is its model family's business) and drives each section of the rotary frequencies
+(`mrope_section`) by one of them, in consecutive sections or interleaved channel by channel.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-import numpy as np
 import torch
 from torch import nn
 
@@ -73,48 +71,12 @@ def interleaved_sections(mrope_section: Sequence[int]) -> torch.Tensor:
 
 
 class InterleavedMRotaryEmbedding(MRotaryEmbedding):
-    """M-RoPE with Qwen3-VL's interleaved channel layout; everything else as `MRotaryEmbedding`."""
+    """M-RoPE with the t/h/w channels interleaved (`interleaved_sections`); everything else as
+    `MRotaryEmbedding`."""
 
     def __init__(self, head_dim: int, theta: float, mrope_section: Sequence[int], max_positions: int) -> None:
         super().__init__(head_dim, theta, mrope_section, max_positions)
         self.section_of_channel.copy_(interleaved_sections(mrope_section))
-
-
-def mrope_input_positions(
-    num_tokens: int,
-    images: Sequence[tuple[int, int, tuple[int, int, int]]],
-    spatial_merge_size: int,
-    time_intervals: Sequence[float] | None = None,
-) -> tuple[np.ndarray, int]:
-    """M-RoPE positions of a prompt and the delta that continues them for generated tokens.
-
-    images: (offset of the first placeholder token, number of placeholder tokens, (t, h, w) patch grid)
-    per image or video, in prompt order. `time_intervals` (one per item, default 1) spaces the
-    temporal positions of a video: temporal patch i sits at ⌊i · interval⌋ computed in float32,
-    as transformers does for Qwen2.5-VL. Returns positions [3, num_tokens] int64 and `delta`
-    such that the token at index i ≥ num_tokens has position i + delta in all three rows.
-    """
-    positions = np.empty((3, num_tokens), dtype=np.int64)
-    next_pos = 0
-    text_start = 0
-    intervals = time_intervals if time_intervals is not None else [1.0] * len(images)
-    for (offset, length, (t, h, w)), interval in zip(images, intervals, strict=True):
-        text_len = offset - text_start
-        positions[:, text_start:offset] = next_pos + np.arange(text_len)
-        next_pos += text_len
-        rows, cols = h // spatial_merge_size, w // spatial_merge_size
-        if t * rows * cols != length:
-            raise ValueError(
-                f"image at {offset} has {length} placeholder tokens but its grid gives {t * rows * cols}"
-            )
-        temporal = (np.arange(t, dtype=np.float32) * np.float32(interval)).astype(np.int64)
-        tt, hh, ww = np.meshgrid(temporal, np.arange(rows), np.arange(cols), indexing="ij")
-        positions[:, offset : offset + length] = next_pos + np.stack([tt.ravel(), hh.ravel(), ww.ravel()])
-        next_pos += max(rows, cols)
-        text_start = offset + length
-    positions[:, text_start:] = next_pos + np.arange(num_tokens - text_start)
-    delta = int(positions.max()) + 1 - num_tokens if num_tokens else 0
-    return positions, delta
 
 
 def vision_patch_positions(grid_thw: Sequence[tuple[int, int, int]], spatial_merge_size: int) -> torch.Tensor:

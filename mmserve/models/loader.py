@@ -23,7 +23,7 @@ from mmserve.layers.fused_decoder_layer import fuse_decoder_layers
 from mmserve.layers.kernel_user import use_kernels
 from mmserve.layers.packed_weights import pack_linear_weights
 from mmserve.layers.weights import CheckpointTensor
-from mmserve.models.registry import model_class
+from mmserve.models.registry import family_named
 
 
 def safetensors_files(folder: Path) -> list[Path]:
@@ -76,7 +76,7 @@ def load_model(
     parts then all run on the CPU kernels becomes one C++ call (MMSERVE_CPU_DECODER_LAYER=modules
     keeps the modules' calls). `compiled_language_model`:
         the language model is to be traced by torch.compile, so its layers keep plain weights."""
-    cls = model_class(config.architecture, config.family)
+    cls = family_named(config.family).model_class()
     dtype = getattr(torch, config.dtype)
     with torch.device(device), _default_dtype(dtype):
         model = cls(config, backend, encoder_data_parallel)

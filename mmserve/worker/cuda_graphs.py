@@ -68,8 +68,8 @@ def padded_size(num_requests: int, sizes: Sequence[int]) -> int | None:
 def is_decode_only(metadata: AttentionMetadata, token_index: np.ndarray, mm_end: np.ndarray) -> bool:
     """One token per request and none of them an image placeholder (token_index [R] is each
     token's place in its sequence, mm_end [R] where its request's images end): the step reads
-    only what the static buffers hold. Image tokens need their embeddings spliced in and, for
-    Qwen3-VL, DeepStack features added between layers, which a captured graph does not do."""
+    only what the static buffers hold. Image tokens need their embeddings spliced in, and some
+    families add item features between layers (DeepStack): a captured graph does neither."""
     return metadata.max_query_len == 1 and bool((token_index >= mm_end).all())
 
 
@@ -90,10 +90,11 @@ class StaticDecodeInputs:
         max_model_len: int,
         dtype: torch.dtype,
         device: torch.device,
+        position_rows: int,
     ) -> None:
         self.max_model_len = max_model_len
         self.embeds = torch.zeros(max_size, hidden_size, dtype=dtype, device=device)  # [N, hidden]
-        self.positions = torch.zeros(3, max_size, dtype=torch.int64, device=device)  # [3, N]
+        self.positions = torch.zeros(position_rows, max_size, dtype=torch.int64, device=device)  # [P, N]
         self.query_start_loc = torch.arange(max_size + 1, dtype=torch.int32, device=device)  # [N + 1]
         self.seq_lens = torch.ones(max_size, dtype=torch.int32, device=device)  # [N]
         self.block_table = torch.zeros(max_size, max_blocks_per_request, dtype=torch.int32, device=device)
@@ -211,6 +212,7 @@ def capture_decode_graphs(
         config.max_model_len,
         getattr(torch, config.dtype),
         device,
+        config.position_rows,
     )
     graphs = DecodeGraphs(forward, kv_caches, static, sizes)
     graphs.capture()

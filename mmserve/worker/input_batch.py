@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from mmserve.layers.rotary import mrope_input_positions
+from mmserve.models.family import PromptPositions
 from mmserve.protocol import MultiModalFeature
 from mmserve.sampling_params import SamplingParams
 
@@ -27,9 +27,9 @@ class RequestState:
     output_token_ids: list[int]
     mm_features: list[MultiModalFeature]
     sampling_params: SamplingParams
-    mrope_positions: np.ndarray  # [3, num_prompt_tokens] int64
-    mrope_delta: int  # position of token i ≥ num_prompt_tokens is i + delta
-    mm_end: int  # end of the last image's placeholders; positions before it come from the table
+    positions: np.ndarray | None  # [rows, num_prompt_tokens] int64; None: the token index
+    position_delta: int  # position of a token past the table is its index + delta
+    mm_end: int  # end of the last item's placeholders (the position table reaches it)
 
     @property
     def num_tokens(self) -> int:
@@ -46,7 +46,7 @@ class InputBatch:
         self.num_computed_tokens = np.zeros(max_num_reqs, dtype=np.int64)
         self.block_table = np.zeros((max_num_reqs, max_blocks_per_req), dtype=np.int32)
         self.num_blocks = np.zeros(max_num_reqs, dtype=np.int64)
-        self.mrope_delta = np.zeros(max_num_reqs, dtype=np.int64)
+        self.position_delta = np.zeros(max_num_reqs, dtype=np.int64)
         self.mm_end = np.zeros(max_num_reqs, dtype=np.int64)
         self.req_ids: list[str] = []  # row → request id (dense)
         self.row_of: dict[str, int] = {}
@@ -70,7 +70,7 @@ class InputBatch:
         self.num_prompt_tokens[row] = n_prompt
         self.num_computed_tokens[row] = num_computed_tokens
         self.num_blocks[row] = 0
-        self.mrope_delta[row] = state.mrope_delta
+        self.position_delta[row] = state.position_delta
         self.mm_end[row] = state.mm_end
         self.req_ids.append(state.req_id)
         self.row_of[state.req_id] = row
@@ -92,7 +92,7 @@ class InputBatch:
                 self.num_prompt_tokens,
                 self.num_computed_tokens,
                 self.num_blocks,
-                self.mrope_delta,
+                self.position_delta,
                 self.mm_end,
             ):
                 array[row] = array[last]
@@ -124,30 +124,18 @@ def new_request_state(
     output_token_ids: list[int],
     mm_features: list[MultiModalFeature],
     sampling_params: SamplingParams,
-    spatial_merge_size: int,
-    tokens_per_second: float = 0.0,
+    positions: PromptPositions,
 ) -> RequestState:
-    """State for a request entering the batch; M-RoPE positions of its prompt are computed once.
-    With `tokens_per_second` (Qwen2.5-VL) a video's temporal positions advance by that many per
-    second of video; otherwise by one per temporal patch."""
-    images = [(f.offset, f.length, f.grid_thw) for f in mm_features]
-    intervals = [video_time_interval(f, tokens_per_second) for f in mm_features]
-    positions, delta = mrope_input_positions(len(prompt_token_ids), images, spatial_merge_size, intervals)
+    """State for a request entering the batch; its prompt's positions are computed once, by the
+    model family's `positions`."""
+    table, delta = positions.of_prompt(len(prompt_token_ids), mm_features)
     return RequestState(
         req_id=req_id,
         prompt_token_ids=list(prompt_token_ids),
         output_token_ids=list(output_token_ids),
         mm_features=mm_features,
         sampling_params=sampling_params,
-        mrope_positions=positions,
-        mrope_delta=delta,
+        positions=table,
+        position_delta=delta,
         mm_end=max((f.offset + f.length for f in mm_features), default=0),
     )
-
-
-def video_time_interval(feature: MultiModalFeature, tokens_per_second: float) -> float:
-    """Temporal position units per temporal patch: tokens_per_second × seconds per patch, rounded
-    through float32 as transformers' tensors are (1 for images and where the model has no rate)."""
-    if feature.modality != "video" or not tokens_per_second:
-        return 1.0
-    return float(np.float32(tokens_per_second) * np.float32(feature.seconds_per_temporal_patch))

@@ -24,8 +24,8 @@ from mmserve.distributed.parallel_state import get_tp_group
 from mmserve.distributed.partition import kv_heads_per_rank
 from mmserve.layers.attention import get_attention_backend
 from mmserve.layers.sampler import LogprobsTensors, Sampler, SamplingMetadata
-from mmserve.model_config import VisionConfig
 from mmserve.models.loader import load_model
+from mmserve.models.registry import family_named
 from mmserve.ops.huge_pages import zeros_on_huge_pages
 from mmserve.worker.compilation import compile_language_model
 from mmserve.worker.cuda_graphs import DecodeGraphs, capture_decode_graphs, graph_sizes, is_decode_only
@@ -73,8 +73,9 @@ class ModelRunner:
         self.batch = InputBatch(
             scheduler_config.max_num_seqs, model_config.max_model_len, self.max_blocks_per_req
         )
+        self.positions = family_named(model_config.family).prompt_positions(model_config)
         self.step_inputs = StepInputBuilder(
-            self.batch, self.block_size, scheduler_config.max_num_batched_tokens, device
+            self.batch, self.block_size, scheduler_config.max_num_batched_tokens, device, self.positions.rows
         )
         self.sampling_metadata = SamplingMetadataBuilder(self.batch, model_config.vocab_size, device)
         self.kv_caches: list[torch.Tensor] = []
@@ -149,8 +150,7 @@ class ModelRunner:
             new.output_token_ids,
             new.mm_features,
             new.sampling_params,
-            self.model_config.vision.spatial_merge_size,
-            self.model_config.vision.tokens_per_second,
+            self.positions,
         )
         self.batch.add(state, new.num_computed_tokens, new.block_ids)
         if new.sampling_params.prompt_logprobs is not None:
@@ -169,11 +169,9 @@ class ModelRunner:
         for f in features:
             if f.pixel_values is None:
                 raise RuntimeError(f"image {f.mm_hash} is scheduled for encoding but has no pixels")
-        arrays = one_width([f.pixel_values for f in features], self.model_config.vision)
-        # One image (the usual step) is used as it is: a concatenated copy would cost a pass over
-        # its pixels and the page faults of a fresh array. torch wants writable memory.
-        single = len(arrays) == 1 and arrays[0].flags.writeable
-        pixels = to_device(arrays[0] if single else np.concatenate(arrays), self.device)
+        # Each item's pixels as they are (torch wants writable memory): the model concatenates
+        # them where it needs one tensor, and a single image (the usual step) is not copied.
+        pixels = [to_device(np.require(f.pixel_values, requirements="W"), self.device) for f in features]
         embeddings = self.model.encode_images(pixels, [f.grid_thw for f in features])
         self.num_encoder_calls += 1
         for feature, emb in zip(features, embeddings, strict=True):
@@ -253,20 +251,3 @@ def _logprobs_row(tensors: LogprobsTensors, i: int, k: int) -> LogprobsLists:
         logprobs=[tensors.logprobs[i, : k + 1].tolist()],
         sampled_ranks=[int(tensors.sampled_token_ranks[i])],
     )
-
-
-def one_width(arrays: list[np.ndarray], vision: VisionConfig) -> list[np.ndarray]:
-    """Pixel arrays that can be concatenated: where one step encodes still images (one frame per
-    row, C·P·P) with videos (C·T·P·P), the images' frames repeated over T, as the patch
-    projection would repeat them (it takes either width, not a mix)."""
-    widths = {a.shape[1] for a in arrays}
-    if len(widths) == 1:
-        return arrays
-    channels, temporal = vision.in_channels, vision.temporal_patch_size
-    frame_dim = channels * vision.patch_size**2
-    return [
-        np.repeat(a.reshape(a.shape[0], channels, 1, -1), temporal, axis=2).reshape(a.shape[0], -1)
-        if a.shape[1] == frame_dim
-        else a
-        for a in arrays
-    ]

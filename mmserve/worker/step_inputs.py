@@ -4,8 +4,8 @@ The inputs live in buffers allocated once per runner (`PersistentBuffer`) and ar
 place every step: a step creates no input tensors, only views of the first T tokens / R
 requests of each buffer (on an accelerator, each buffer also has a device twin filled by one
 non-blocking copy). Everything is vectorised over the step's tokens except the few requests
-whose scheduled span touches their images' M-RoPE table (prompt chunks before the last image
-ends).
+whose scheduled span touches their prompt's position table (prompt chunks before the last item
+ends, in families whose items have positions of their own, such as M-RoPE's).
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ class StepInputs:
     token_index: np.ndarray  # [T] each token's index within its request's sequence
     query_start_loc: np.ndarray  # [R + 1]
     input_ids: torch.Tensor  # [T]
-    positions: torch.Tensor  # [3, T]
+    positions: torch.Tensor  # [position_rows, T]
     attn_metadata: AttentionMetadata
     sample_mask: np.ndarray  # [R] bool: the request computes its last known token this step
     logits_indices: torch.Tensor  # [num_sampled] rows of the hidden states to turn into logits
@@ -88,12 +88,20 @@ class StepInputBuilder:
     """Builds each step's `StepInputs` from the persistent batch into persistent buffers sized
     for `max_num_tokens` tokens and the batch's request and block limits."""
 
-    def __init__(self, batch: InputBatch, block_size: int, max_num_tokens: int, device: torch.device) -> None:
+    def __init__(
+        self,
+        batch: InputBatch,
+        block_size: int,
+        max_num_tokens: int,
+        device: torch.device,
+        position_rows: int,
+    ) -> None:
         self.batch = batch
         self.block_size = block_size
+        self.position_rows = position_rows  # 1 (a token's index), 3 (M-RoPE), ...
         max_reqs, max_blocks = batch.block_table.shape
         self.input_ids = PersistentBuffer(max_num_tokens, torch.int64, device)  # [T]
-        self.positions = PersistentBuffer(3 * max_num_tokens, torch.int64, device)  # [3, T]
+        self.positions = PersistentBuffer(position_rows * max_num_tokens, torch.int64, device)  # [P, T]
         self.slot_mapping = PersistentBuffer(max_num_tokens, torch.int64, device)  # [T]
         self.query_start_loc = PersistentBuffer(max_reqs + 1, torch.int32, device)  # [R + 1]
         self.seq_lens = PersistentBuffer(max_reqs, torch.int32, device)  # [R]
@@ -155,7 +163,7 @@ class StepInputBuilder:
             token_index=token_index,
             query_start_loc=query_start_loc,
             input_ids=self.input_ids.device(num_tokens),
-            positions=self.positions.device(3, num_tokens),
+            positions=self.positions.device(self.position_rows, num_tokens),
             attn_metadata=metadata,
             sample_mask=sample_mask,
             logits_indices=self.logits_indices.device(len(logits_indices)),
@@ -170,14 +178,16 @@ class StepInputBuilder:
         token_row: np.ndarray,
         token_index: np.ndarray,
     ) -> None:
-        """M-RoPE positions [3, T]: index + delta on all three rows after a request's images,
-        its precomputed table where the span still overlaps them."""
+        """Positions [P, T]: index + delta on every row past a request's position table, the
+        table where the span still overlaps it."""
         batch = self.batch
-        positions = self.positions.host(3, len(token_index))
-        np.add(token_index, batch.mrope_delta[token_row], out=positions[0])
+        positions = self.positions.host(self.position_rows, len(token_index))
+        np.add(token_index, batch.position_delta[token_row], out=positions[0])
         positions[1:] = positions[0]
         for i in np.nonzero(batch.num_computed_tokens[rows] < batch.mm_end[rows])[0]:
-            table = batch.states[req_ids[i]].mrope_positions
+            table = batch.states[req_ids[i]].positions
+            if table is None:
+                continue
             start = int(batch.num_computed_tokens[rows[i]])
             end = min(start + int(num_scheduled[i]), table.shape[1])
             q0 = int(query_start_loc[i])

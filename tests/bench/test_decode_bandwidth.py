@@ -5,7 +5,7 @@ from __future__ import annotations
 from safetensors import safe_open
 
 from benchmarks.decode_bandwidth import step_flops
-from mmserve.model_config import ModelConfig
+from mmserve.models.registry import load_model_config
 from mmserve.testing.checkpoints import checkpoint
 
 
@@ -13,7 +13,7 @@ def test_step_flops_match_the_checkpoints_weights() -> None:
     """2 FLOPs per language-model matrix element (every layer's linears and the LM head, not the
     embedding or the vision tower) and batch row, plus 4 per query-head dimension and key."""
     path = checkpoint("qwen2_vl", "tiny")
-    config = ModelConfig.from_pretrained(path)
+    config = load_model_config(path)
     matrices = 0
     for file in sorted(path.glob("*.safetensors")):
         with safe_open(file, "pt") as tensors:

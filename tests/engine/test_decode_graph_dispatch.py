@@ -51,6 +51,7 @@ def test_decode_steps_through_padded_static_inputs_keep_the_eager_tokens():
             config.max_model_len,
             getattr(torch, config.dtype),
             runner.device,
+            config.position_rows,
         )
         runner.decode_graphs = EagerPaddedReplay(runner.model, runner.kv_caches, static, SIZES)
         got = {n: run(llm, n) for n in batches}

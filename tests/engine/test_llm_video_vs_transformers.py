@@ -28,8 +28,8 @@ from mmserve.testing.reference import (
 )
 from mmserve.testing.video_cases import VIDEO_CASES, case_messages
 from mmserve.testing.videos import clip_frames, encode_clip, frames_as_images
+from preprocess.qwen_vl_video import QwenVLVideoSettings
 from preprocess.video import FrameSampling, VideoSource, process_video
-from preprocess.video_settings import VideoSettings
 
 MAX_TOKENS = 12
 GREEDY = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS)
@@ -52,7 +52,7 @@ def llm(model_dir):
 def video_pixels(model_dir: Path, family: str, case) -> tuple[np.ndarray, tuple[int, int, int]]:
     """Our pixels for the case, checked bit for bit against transformers' (fixture digest)."""
     config = json.loads((model_dir / "video_preprocessor_config.json").read_text())
-    settings = VideoSettings.from_hf_config(config, family)
+    settings = QwenVLVideoSettings.from_hf_config(config, clip_bound=family == "qwen3_vl")
     if case.offline_frames:
         source = VideoSource.from_frames(clip_frames(case.clip), settings)
     else:

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import torch
 
-from mmserve.config import CacheConfig, ModelConfig, SchedulerConfig
+from mmserve.config import CacheConfig, SchedulerConfig
+from mmserve.models.registry import load_model_config
 from mmserve.testing.driver import ChunkedDriver
 from mmserve.testing.reference import Reference, synthetic_image
 from mmserve.worker.model_runner import ModelRunner
@@ -24,7 +25,7 @@ def test_bfloat16_first_step_agrees_with_transformers(model_dir):
     prompt = reference.build_prompt(messages, [synthetic_image(200, 150, seed=1)])
     expected = reference.generate(prompt, 1)
     runner = ModelRunner(
-        ModelConfig.from_pretrained(model_dir, dtype="bfloat16"),
+        load_model_config(model_dir, dtype="bfloat16"),
         CacheConfig(),
         SchedulerConfig(max_num_seqs=2),
         torch.device("cpu"),

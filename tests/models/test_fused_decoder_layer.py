@@ -10,8 +10,9 @@ from unittest import mock
 import pytest
 import torch
 
-from mmserve.config import CacheConfig, ExecutionConfig, ModelConfig, SchedulerConfig
+from mmserve.config import CacheConfig, ExecutionConfig, SchedulerConfig
 from mmserve.layers.fused_decoder_layer import FusesOnCpu
+from mmserve.models.registry import load_model_config
 from mmserve.testing.driver import ChunkedDriver
 from mmserve.testing.reference import Reference, synthetic_image
 from mmserve.worker.model_runner import ModelRunner
@@ -20,7 +21,7 @@ from mmserve.worker.model_runner import ModelRunner
 def cpu_runner(model_dir, decoder_layer: str, dtype: str) -> ModelRunner:
     with mock.patch.dict("os.environ", {"MMSERVE_CPU_DECODER_LAYER": decoder_layer}):
         runner = ModelRunner(
-            ModelConfig.from_pretrained(model_dir, dtype=dtype),
+            load_model_config(model_dir, dtype=dtype),
             CacheConfig(block_size=16),
             SchedulerConfig(max_num_seqs=8),
             torch.device("cpu"),
@@ -58,7 +59,7 @@ def test_fused_layers_match_their_modules_bit_for_bit(model_dir, dtype):
 
 def test_layers_off_the_cpu_kernels_stay_unfused(model_dir):
     runner = ModelRunner(
-        ModelConfig.from_pretrained(model_dir, dtype="float32"),
+        load_model_config(model_dir, dtype="float32"),
         CacheConfig(block_size=16),
         SchedulerConfig(max_num_seqs=8),
         torch.device("cpu"),

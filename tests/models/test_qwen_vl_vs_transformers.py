@@ -9,8 +9,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from mmserve.config import CacheConfig, ExecutionConfig, ModelConfig, SchedulerConfig
+from mmserve.config import CacheConfig, ExecutionConfig, SchedulerConfig
 from mmserve.layers.fused_decoder_layer import FusesOnCpu
+from mmserve.models.registry import load_model_config
 from mmserve.testing.driver import ChunkedDriver
 from mmserve.testing.reference import PromptInputs, Reference, synthetic_image
 from mmserve.worker.model_runner import ModelRunner
@@ -26,7 +27,7 @@ def reference(model_dir) -> Reference:
 @pytest.fixture(scope="module", params=["torch", "cpu"])
 def runner(model_dir, request) -> ModelRunner:
     """The runner on the torch reference kernels and on the C++ kernels (fused layers)."""
-    config = ModelConfig.from_pretrained(model_dir, dtype="float32")
+    config = load_model_config(model_dir, dtype="float32")
     runner = ModelRunner(
         config,
         CacheConfig(block_size=16),

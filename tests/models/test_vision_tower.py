@@ -8,9 +8,9 @@ import torch
 from transformers import AutoModelForImageTextToText
 from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
-from mmserve.config import ModelConfig
 from mmserve.layers.attention import get_attention_backend
 from mmserve.models.loader import load_model
+from mmserve.models.registry import load_model_config
 from mmserve.testing.reference import synthetic_image
 
 # (width, height): square, landscape, portrait, extreme strips, minimum size, the max_pixels cap
@@ -21,7 +21,7 @@ SIZES = [(224, 224), (300, 200), (150, 450), (28, 560), (900, 30), (56, 56), (10
 def towers(model_dir, request):
     """Both CPU kernel sets: the torch reference and the C++ kernels."""
     ref = AutoModelForImageTextToText.from_pretrained(model_dir, dtype=torch.float32).eval()
-    config = ModelConfig.from_pretrained(model_dir, dtype="float32")
+    config = load_model_config(model_dir, dtype="float32")
     ours = load_model(config, get_attention_backend(request.param, torch.device("cpu")), torch.device("cpu"))
     return ref, ours, Qwen2VLImageProcessorPil.from_pretrained(model_dir)
 
@@ -35,7 +35,7 @@ def test_vision_tower_matches_transformers(towers, size):
     features = ref.model.get_image_features(inputs["pixel_values"], inputs["image_grid_thw"])
     deepstack = [f[0] for f in getattr(features, "deepstack_features", None) or []]
     want = torch.cat([features.pooler_output[0], *deepstack], dim=-1)
-    [got] = ours.encode_images(inputs["pixel_values"], grid)
+    [got] = ours.encode_images([inputs["pixel_values"]], grid)
     assert got.shape == want.shape
     assert ((got - want).abs().max() / want.abs().max()).item() < 1e-5
 
@@ -49,8 +49,8 @@ def test_one_frame_pixels_give_the_repeated_frames_embeddings_to_the_bit(towers)
     grid = [tuple(g) for g in inputs["image_grid_thw"].tolist()]
     rows, temporal = inputs["pixel_values"].shape[0], processor.temporal_patch_size
     one_frame = inputs["pixel_values"].view(rows, 3, temporal, -1)[:, :, 0].reshape(rows, -1)
-    [want] = ours.encode_images(inputs["pixel_values"], grid)
-    [got] = ours.encode_images(one_frame, grid)
+    [want] = ours.encode_images([inputs["pixel_values"]], grid)
+    [got] = ours.encode_images([one_frame], grid)
     assert torch.equal(got, want)
 
 
@@ -61,10 +61,10 @@ def test_several_images_in_one_call_equal_one_at_a_time(towers):
     images = [synthetic_image(w, h, seed=i) for i, (w, h) in enumerate(SIZES[:4])]
     inputs = processor(images=images, return_tensors="pt")
     grid = [tuple(g) for g in inputs["image_grid_thw"].tolist()]
-    together = ours.encode_images(inputs["pixel_values"], grid)
+    together = ours.encode_images([inputs["pixel_values"]], grid)
     for image, emb in zip(images, together):
         single = processor(images=[image], return_tensors="pt")
-        [alone] = ours.encode_images(single["pixel_values"], [tuple(single["image_grid_thw"][0].tolist())])
+        [alone] = ours.encode_images([single["pixel_values"]], [tuple(single["image_grid_thw"][0].tolist())])
         torch.testing.assert_close(emb, alone, rtol=1e-5, atol=1e-5)
 
 
@@ -76,14 +76,14 @@ def test_bf16_tower_computes_in_float32_where_that_is_faster(model_dir):
     from mmserve.ops.linear import float32_outruns_bfloat16
 
     backend = get_attention_backend("cpu", torch.device("cpu"))
-    bf16 = load_model(ModelConfig.from_pretrained(model_dir, dtype="bfloat16"), backend, torch.device("cpu"))
-    fp32 = load_model(ModelConfig.from_pretrained(model_dir, dtype="float32"), backend, torch.device("cpu"))
+    bf16 = load_model(load_model_config(model_dir, dtype="bfloat16"), backend, torch.device("cpu"))
+    fp32 = load_model(load_model_config(model_dir, dtype="float32"), backend, torch.device("cpu"))
     tower_dtypes = {p.dtype for p in bf16.visual.parameters()}  # norms: linears hold their weights
     assert tower_dtypes == {torch.float32 if float32_outruns_bfloat16() else torch.bfloat16}
     processor = Qwen2VLImageProcessorPil.from_pretrained(model_dir)
     inputs = processor(images=[synthetic_image(640, 480, seed=3)], return_tensors="pt")
     grid = [tuple(g) for g in inputs["image_grid_thw"].tolist()]
-    [got] = bf16.encode_images(inputs["pixel_values"], grid)
-    [want] = fp32.encode_images(inputs["pixel_values"], grid)
+    [got] = bf16.encode_images([inputs["pixel_values"]], grid)
+    [want] = fp32.encode_images([inputs["pixel_values"]], grid)
     assert got.dtype == torch.bfloat16
     assert ((got.float() - want).abs().max() / want.abs().max()).item() < 2**-5

@@ -12,7 +12,7 @@ from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLIm
 
 from mmserve.testing.checkpoints import checkpoint
 from preprocess.pool import PreprocessPool
-from preprocess.settings import ProcessorSettings
+from preprocess.qwen_vl import QwenVLImageSettings
 from preprocess.shm import list_segments
 
 _pool_prefixes: list[str] = []
@@ -22,7 +22,7 @@ def _from_checkpoint(family: str) -> Processors:
     folder = checkpoint(family)
     config = json.loads((folder / "preprocessor_config.json").read_text())
     return Processors(
-        ProcessorSettings.from_hf_config(config), Qwen2VLImageProcessorPil.from_pretrained(folder)
+        QwenVLImageSettings.from_hf_config(config), Qwen2VLImageProcessorPil.from_pretrained(folder)
     )
 
 
@@ -31,7 +31,7 @@ def processors() -> dict[str, Processors]:
     return {
         "tiny": _from_checkpoint("qwen2_vl"),
         "qwen2_5": _from_checkpoint("qwen2_5_vl"),
-        "default": Processors(ProcessorSettings(), Qwen2VLImageProcessorPil()),
+        "default": Processors(QwenVLImageSettings(), Qwen2VLImageProcessorPil()),
     }
 
 

@@ -18,8 +18,7 @@ from PIL import Image, ImageOps
 from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
 from preprocess.decode import RawImage, decode_rgb
-from preprocess.image import process_rgb
-from preprocess.settings import ProcessorSettings
+from preprocess.qwen_vl import QwenVLImageSettings
 
 
 def rgb_array(width: int, height: int, seed: int = 0) -> np.ndarray:
@@ -195,13 +194,13 @@ def case_bytes(name: str) -> bytes:
 class Processors:
     """Our settings and transformers' processor for the same configuration."""
 
-    settings: ProcessorSettings
+    settings: QwenVLImageSettings
     hf: Qwen2VLImageProcessorPil
 
 
 def reference(image: bytes | Image.Image, hf: Qwen2VLImageProcessorPil) -> tuple[np.ndarray, np.ndarray]:
     """transformers' output, its pixels with the frame once, as this package writes them
-    (`ProcessorSettings.frame_dim`), once its T copies are checked identical. Encoded bytes get
+    (`QwenVLImageSettings.frame_dim`), once its T copies are checked identical. Encoded bytes get
     `load_image`'s EXIF transpose first; the processor's own `convert_to_rgb` then composites
     any alpha onto white."""
     if isinstance(image, bytes):
@@ -213,7 +212,9 @@ def reference(image: bytes | Image.Image, hf: Qwen2VLImageProcessorPil) -> tuple
     return np.ascontiguousarray(frames[:, :, 0]).reshape(rows, -1), out["image_grid_thw"]
 
 
-def ours(image: bytes | Image.Image, settings: ProcessorSettings) -> tuple[np.ndarray, tuple[int, int, int]]:
+def ours(
+    image: bytes | Image.Image, settings: QwenVLImageSettings
+) -> tuple[np.ndarray, tuple[int, int, int]]:
     """Our pure transform path (what a worker runs), into an ordinary array."""
     source = RawImage.from_pil(image) if isinstance(image, Image.Image) else image
     out: dict[str, np.ndarray] = {}
@@ -222,5 +223,5 @@ def ours(image: bytes | Image.Image, settings: ProcessorSettings) -> tuple[np.nd
         out["pixels"] = np.empty(shape, np.float32)
         return out["pixels"]
 
-    grid = process_rgb(decode_rgb(source, settings), settings, allocate)
+    grid = settings.process(decode_rgb(source, settings), allocate)
     return out["pixels"], grid

@@ -9,7 +9,7 @@ import pytest
 
 from preprocess import patchify
 from preprocess.normalise import normaliser
-from preprocess.settings import ProcessorSettings
+from preprocess.qwen_vl import QwenVLImageSettings
 
 
 @pytest.fixture(scope="module")
@@ -19,9 +19,9 @@ def compiled() -> patchify.PatchifyKernel:
     return kernel
 
 
-def _random_settings(rng: np.random.Generator) -> ProcessorSettings:
+def _random_settings(rng: np.random.Generator) -> QwenVLImageSettings:
     exact = rng.random() < 0.5
-    return ProcessorSettings(
+    return QwenVLImageSettings(
         patch_size=int(rng.choice([2, 7, 14, 16])),
         merge_size=int(rng.integers(1, 4)),
         rescale_factor=1 / 255 if exact else float(rng.uniform(0.003, 0.005)),
@@ -49,7 +49,7 @@ def test_random_images_give_the_references_floats(compiled: patchify.PatchifyKer
 
 def test_strided_source_gives_the_references_floats(compiled: patchify.PatchifyKernel) -> None:
     """A view (every other column of a wider image) is read through its own strides."""
-    settings = ProcessorSettings()
+    settings = QwenVLImageSettings()
     rgb = np.random.default_rng(3).integers(0, 256, (56, 224, 3), dtype=np.uint8)[:, ::2]
     expected, actual = (
         np.empty((4 * 8, settings.frame_dim), np.float32),
@@ -61,7 +61,7 @@ def test_strided_source_gives_the_references_floats(compiled: patchify.PatchifyK
 
 
 def test_geometry_that_does_not_tile_is_refused(compiled: patchify.PatchifyKernel) -> None:
-    settings = ProcessorSettings()
+    settings = QwenVLImageSettings()
     out = np.empty((4, settings.frame_dim), np.float32)
     with pytest.raises(ValueError, match="multiples of 28"):
         compiled(np.zeros((28, 42, 3), np.uint8), settings, out)
@@ -78,7 +78,7 @@ def test_a_kernel_that_disagrees_is_not_used(
     try:
         assert patchify.kernel() is None
         assert "patchify falls back to numpy" in caplog.text
-        settings = ProcessorSettings()
+        settings = QwenVLImageSettings()
         rgb = np.random.default_rng(9).integers(0, 256, (28, 56, 3), dtype=np.uint8)
         expected, actual = (np.empty((8, settings.frame_dim), np.float32) for _ in range(2))
         patchify.patchify_reference(rgb, settings, expected)
@@ -89,7 +89,7 @@ def test_a_kernel_that_disagrees_is_not_used(
 
 
 def test_the_check_catches_a_wrong_kernel(compiled: patchify.PatchifyKernel) -> None:
-    def off_by_one_ulp(rgb: np.ndarray, settings: ProcessorSettings, out: np.ndarray) -> None:
+    def off_by_one_ulp(rgb: np.ndarray, settings: QwenVLImageSettings, out: np.ndarray) -> None:
         compiled(rgb, settings, out)
         out.view(np.uint32)[0, 0] += 1
 

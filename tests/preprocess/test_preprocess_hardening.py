@@ -24,7 +24,7 @@ from mmserve.testing.hostile_images import (
 )
 from preprocess import CorruptImage, ImageTooComplex, PreprocessPool, UnsupportedImageFormat
 from preprocess.decode import decode_rgb
-from preprocess.settings import ProcessorSettings
+from preprocess.qwen_vl import QwenVLImageSettings
 from preprocess.structure import (
     MAX_GIF_BLOCKS,
     MAX_JPEG_HEADER_SEGMENTS,
@@ -35,7 +35,7 @@ from preprocess.structure import (
     check_structure,
 )
 
-SETTINGS = ProcessorSettings()
+SETTINGS = QwenVLImageSettings()
 
 
 TOO_COMPLEX: dict[str, Callable[[], bytes]] = {

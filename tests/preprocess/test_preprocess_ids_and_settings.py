@@ -9,8 +9,9 @@ import pytest
 from preprocess_cases import Processors, case_bytes, palette_image, rgb_image
 
 from mmserve.testing.checkpoints import checkpoint
-from preprocess import ProcessorSettings, mm_hash
+from preprocess import mm_hash
 from preprocess.decode import RawImage
+from preprocess.qwen_vl import QwenVLImageSettings
 
 
 def test_id_is_128_bit_hex_and_stable(processors: dict[str, Processors]) -> None:
@@ -24,7 +25,6 @@ def test_id_is_128_bit_hex_and_stable(processors: dict[str, Processors]) -> None
 @pytest.mark.parametrize(
     "change",
     [
-        {"family": "qwen2_5_vl"},
         {"patch_size": 16},
         {"merge_size": 1},
         {"temporal_patch_size": 1},
@@ -37,17 +37,17 @@ def test_id_is_128_bit_hex_and_stable(processors: dict[str, Processors]) -> None
 )
 def test_same_bytes_under_different_settings_get_different_ids(change: dict) -> None:
     data = case_bytes("png_56x56")
-    assert mm_hash(data, ProcessorSettings()) != mm_hash(data, replace(ProcessorSettings(), **change))
+    assert mm_hash(data, QwenVLImageSettings()) != mm_hash(data, replace(QwenVLImageSettings(), **change))
 
 
 def test_limits_do_not_change_the_id() -> None:
     data = case_bytes("png_56x56")
-    limited = replace(ProcessorSettings(), max_image_pixels=1000, formats=("PNG",))
-    assert mm_hash(data, ProcessorSettings()) == mm_hash(data, limited)
+    limited = replace(QwenVLImageSettings(), max_image_pixels=1000, formats=("PNG",))
+    assert mm_hash(data, QwenVLImageSettings()) == mm_hash(data, limited)
 
 
 def test_pil_id_covers_mode_size_palette_and_transparency() -> None:
-    settings = ProcessorSettings()
+    settings = QwenVLImageSettings()
     base = palette_image(40, 30)
     other_palette = base.copy()
     other_palette.putpalette([255 - v for v in base.getpalette()])
@@ -61,7 +61,7 @@ def test_pil_id_covers_mode_size_palette_and_transparency() -> None:
 def test_pil_pixels_and_encoded_bytes_never_share_an_id() -> None:
     image = rgb_image(8, 8)
     raw = RawImage.from_pil(image)
-    assert mm_hash(raw, ProcessorSettings()) != mm_hash(raw.pixels, ProcessorSettings())
+    assert mm_hash(raw, QwenVLImageSettings()) != mm_hash(raw.pixels, QwenVLImageSettings())
 
 
 def test_raw_image_round_trip_keeps_what_conversion_reads() -> None:
@@ -75,10 +75,8 @@ def test_raw_image_round_trip_keeps_what_conversion_reads() -> None:
 
 def test_settings_from_the_tiny_checkpoint_config() -> None:
     config = json.loads((checkpoint("qwen2_vl") / "preprocessor_config.json").read_text())
-    settings = ProcessorSettings.from_hf_config(config)
-    assert settings == ProcessorSettings(min_pixels=56 * 56, max_pixels=256 * 28 * 28)
-    config_25 = json.loads((checkpoint("qwen2_5_vl") / "preprocessor_config.json").read_text())
-    assert ProcessorSettings.from_hf_config(config_25).family == "qwen2_5_vl"
+    settings = QwenVLImageSettings.from_hf_config(config)
+    assert settings == QwenVLImageSettings(min_pixels=56 * 56, max_pixels=256 * 28 * 28)
 
 
 def test_top_level_pixel_bounds_override_size_as_in_transformers() -> None:
@@ -87,9 +85,9 @@ def test_top_level_pixel_bounds_override_size_as_in_transformers() -> None:
         "size": {"shortest_edge": 100, "longest_edge": 200_000},
         "max_pixels": 12845056,
     }
-    settings = ProcessorSettings.from_hf_config(config)
+    settings = QwenVLImageSettings.from_hf_config(config)
     assert (settings.min_pixels, settings.max_pixels) == (100, 12845056)
-    assert ProcessorSettings.from_hf_config({}, family="qwen2_vl") == ProcessorSettings()
+    assert QwenVLImageSettings.from_hf_config({}) == QwenVLImageSettings()
 
 
 @pytest.mark.parametrize(
@@ -97,19 +95,15 @@ def test_top_level_pixel_bounds_override_size_as_in_transformers() -> None:
     [
         ({"do_normalize": False}, r"unsupported preprocessor config: do_normalize=False"),
         ({"resample": 2}, r"unsupported preprocessor config: resample=2 \(need 3\)"),
-        (
-            {"processor_class": "LlavaProcessor"},
-            r"cannot tell the model family from processor_class='LlavaProcessor'",
-        ),
     ],
 )
 def test_configs_we_cannot_honour_are_refused(config: dict, message: str) -> None:
     with pytest.raises(ValueError, match=message):
-        ProcessorSettings.from_hf_config({"processor_class": "Qwen2VLProcessor", **config})
+        QwenVLImageSettings.from_hf_config({"processor_class": "Qwen2VLProcessor", **config})
 
 
 def test_settings_validate_themselves() -> None:
     with pytest.raises(ValueError, match="max_pixels"):
-        ProcessorSettings(min_pixels=1000, max_pixels=10)
-    with pytest.raises(ValueError, match="family"):
-        ProcessorSettings(family="llava")
+        QwenVLImageSettings(min_pixels=1000, max_pixels=10)
+    with pytest.raises(ValueError, match="image_std"):
+        QwenVLImageSettings(image_std=(0.5, 0.0, 0.5))

@@ -23,9 +23,9 @@ from preprocess_cases import (
 from transformers.image_utils import load_image
 from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
-from preprocess import ExtremeAspectRatio, ProcessorSettings, probe
-from preprocess.image import num_tokens
+from preprocess import ExtremeAspectRatio, probe
 from preprocess.normalise import normaliser
+from preprocess.qwen_vl import QwenVLImageSettings
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
@@ -48,7 +48,7 @@ def test_header_token_count_equals_full_processing(name: str, processors: dict[s
     header = probe(data, settings)
     _, grid = ours(data, settings)
     assert header.grid_thw == grid
-    assert header.num_tokens == num_tokens(grid, settings) == grid[1] * grid[2] // settings.merge_size**2
+    assert header.num_tokens == settings.num_tokens(grid) == grid[1] * grid[2] // settings.merge_size**2
 
 
 @pytest.mark.parametrize("settings_key", ["tiny", "default"])
@@ -109,7 +109,7 @@ def _palette_with_alpha() -> Image.Image:
 @pytest.mark.parametrize(("rescale_factor", "fast_path"), [(1 / 255, True), (0.0039, False)])
 def test_both_normalisation_paths_equal_transformers(rescale_factor: float, fast_path: bool) -> None:
     """The vectorised division is used only where it is exact; a gather covers the rest."""
-    settings = ProcessorSettings(rescale_factor=rescale_factor, image_std=(0.3, 0.2, 0.1))
+    settings = QwenVLImageSettings(rescale_factor=rescale_factor, image_std=(0.3, 0.2, 0.1))
     hf = Qwen2VLImageProcessorPil(rescale_factor=rescale_factor, image_std=[0.3, 0.2, 0.1])
     assert normaliser(settings).exact_arithmetic is fast_path
     data = case_bytes("png_rgba")

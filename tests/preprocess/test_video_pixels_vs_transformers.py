@@ -15,9 +15,9 @@ import pytest
 from mmserve.testing.checkpoints import checkpoint
 from mmserve.testing.video_cases import FAMILIES, VIDEO_CASES
 from mmserve.testing.videos import clip_frames, encode_clip
+from preprocess.qwen_vl_video import QwenVLVideoSettings
 from preprocess.video import FrameSampling, VideoSource, plan, process_video
 from preprocess.video_decode import decode_frames
-from preprocess.video_settings import VideoSettings
 
 REFERENCE = json.loads((Path(__file__).parents[1] / "fixtures" / "video" / "reference.json").read_text())
 
@@ -26,12 +26,12 @@ def digest(array: np.ndarray) -> str:
     return hashlib.sha256(np.ascontiguousarray(array).tobytes()).hexdigest()
 
 
-def video_settings(family: str) -> VideoSettings:
+def video_settings(family: str) -> QwenVLVideoSettings:
     config = json.loads((checkpoint(family) / "video_preprocessor_config.json").read_text())
-    return VideoSettings.from_hf_config(config, family)
+    return QwenVLVideoSettings.from_hf_config(config, clip_bound=family == "qwen3_vl")
 
 
-def source_for(case, settings: VideoSettings) -> VideoSource:
+def source_for(case, settings: QwenVLVideoSettings) -> VideoSource:
     if case.offline_frames:
         return VideoSource.from_frames(clip_frames(case.clip), settings)
     sampling = FrameSampling(num_frames=case.num_frames, fps=case.fps)

@@ -11,16 +11,17 @@ import pytest
 
 from mmserve.testing.checkpoints import checkpoint
 from mmserve.testing.videos import Clip, clip_frames, encode_blank, encode_clip
-from preprocess import EmptyVideo, FrameSampling, VideoSettings, VideoSource, VideoTooLarge
+from preprocess import EmptyVideo, FrameSampling, VideoSource, VideoTooLarge
+from preprocess.qwen_vl_video import QwenVLVideoSettings
 from preprocess.video import plan, sample_indices
 
-SETTINGS = VideoSettings.from_hf_config(
-    json.loads((checkpoint("qwen2_vl") / "video_preprocessor_config.json").read_text()), "qwen2_vl"
+SETTINGS = QwenVLVideoSettings.from_hf_config(
+    json.loads((checkpoint("qwen2_vl") / "video_preprocessor_config.json").read_text()), clip_bound=False
 )
 CLIP = encode_clip(Clip(96, 64, 12))
 
 
-def source(data: bytes = CLIP, settings: VideoSettings = SETTINGS, **sampling) -> VideoSource:
+def source(data: bytes = CLIP, settings: QwenVLVideoSettings = SETTINGS, **sampling) -> VideoSource:
     return VideoSource(settings, data, sampling=FrameSampling(**sampling))
 
 
@@ -73,14 +74,14 @@ def test_frames_are_sampled_evenly_first_and_last_included(total, fps, sampling,
 
 
 def test_the_decoding_cost_is_refused_from_the_header():
-    settings = VideoSettings(max_decoded_pixels=200 * 64 * 64)
+    settings = QwenVLVideoSettings(max_decoded_pixels=200 * 64 * 64)
     with pytest.raises(VideoTooLarge, match="decodes"):
         plan(source(encode_blank(64, 64, 300), settings, num_frames=2))
     plan(source(encode_blank(64, 64, 150), settings, num_frames=2))  # within the limit
 
 
 def test_qwen3_vl_needs_two_frames():
-    settings = VideoSettings(family="qwen3_vl", patch_size=16)
+    settings = QwenVLVideoSettings(clip_bound=True, patch_size=16)
     with pytest.raises(EmptyVideo, match="at least 2"):
         plan(VideoSource.from_frames(clip_frames(Clip(64, 64, 1)), settings))
 

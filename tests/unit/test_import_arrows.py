@@ -22,7 +22,6 @@ ROOT = Path(__file__).resolve().parents[2]
 LEAVES = {
     "mmserve.config",
     "mmserve.device_probe",  # whether the engine will run on CUDA, asked without torch
-    "mmserve.engine_args",  # builds EngineConfig from the user's flat arguments
     "mmserve.model_config",
     "mmserve.model_folder",
     "mmserve.envs",
@@ -32,10 +31,16 @@ LEAVES = {
     "mmserve.process_name",  # names the process for ps/top (Linux prctl)
     "mmserve.openmp_env",  # OpenMP wait settings of the processes that run the model
 }
+# A model family's description (config, multimodal processing, positions: no torch) and the
+# registry and interface that reach it, which the API server and the configuration use; the
+# rest of mmserve.models (modules, loader) is for workers.
+MODEL_DESCRIPTIONS = {"registry", "family", "config", "processing", "positions"}
 # Support packages every layer may use is not a thing: only those named below.
 ALLOWED: dict[str, set[str]] = {
     **{leaf: LEAVES for leaf in LEAVES},
     "preprocess": set(),
+    # builds EngineConfig from the user's flat arguments, the model's slice by its family
+    "mmserve.engine_args": LEAVES | {"mmserve.models"},
     "mmserve": LEAVES | {"mmserve.entrypoints"},  # the package's lazy `LLM` export
     "mmserve.core": LEAVES,
     # Structured outputs (xgrammar): the frontend checks specs with it, the engine wiring hands
@@ -45,7 +50,8 @@ ALLOWED: dict[str, set[str]] = {
     # process groups and collectives (torch.distributed), the executor's broadcast channel
     "mmserve.distributed": LEAVES,
     "mmserve.layers": LEAVES | {"mmserve.ops", "mmserve.distributed"},
-    "mmserve.models": LEAVES | {"mmserve.layers", "mmserve.ops", "mmserve.distributed"},
+    # a family's processing hands the pool its transform's settings
+    "mmserve.models": LEAVES | {"mmserve.layers", "mmserve.ops", "mmserve.distributed", "preprocess"},
     "mmserve.worker": LEAVES
     | {"mmserve.core.sched_output", "mmserve.models", "mmserve.layers", "mmserve.ops", "mmserve.distributed"},
     # executors own the workers (in this process, worker processes or Ray actors)
@@ -55,16 +61,37 @@ ALLOWED: dict[str, set[str]] = {
     | {"mmserve.engine", "mmserve.core.engine_core", "mmserve.core.sched_output"},
     "mmserve.metrics": LEAVES,
     "mmserve.frontend": LEAVES
-    | {"preprocess", "mmserve.engine_process", "mmserve.core.engine_core", "mmserve.structured_output"},
-    "mmserve.entrypoints": LEAVES | {"mmserve.frontend", "mmserve.engine", "mmserve.metrics"},
+    | {
+        "preprocess",
+        "mmserve.models",  # descriptions only (is_allowed)
+        "mmserve.engine_process",
+        "mmserve.core.engine_core",
+        "mmserve.structured_output",
+    },
+    "mmserve.entrypoints": LEAVES
+    | {"mmserve.engine_args", "mmserve.frontend", "mmserve.engine", "mmserve.metrics"},
     # `mmserve serve|bench`: above the server and the benchmarks, which it starts.
-    "mmserve.cli": LEAVES | {"mmserve.entrypoints", "mmserve.bench"},
+    "mmserve.cli": LEAVES | {"mmserve.engine_args", "mmserve.entrypoints", "mmserve.bench"},
     # Benchmarks and test support drive the engine from outside; nothing above imports them
     # (but the CLI's `bench` command, lazily).
     "mmserve.bench": LEAVES
-    | {"mmserve.entrypoints", "mmserve.frontend", "mmserve.testing", "mmserve.worker", "mmserve.metrics"},
+    | {
+        "mmserve.engine_args",
+        "mmserve.entrypoints",
+        "mmserve.frontend",
+        "mmserve.testing",
+        "mmserve.worker",
+        "mmserve.metrics",
+    },
     "mmserve.testing": LEAVES
-    | {"mmserve.entrypoints", "mmserve.frontend", "mmserve.core", "mmserve.worker", "mmserve.engine"},
+    | {
+        "mmserve.engine_args",
+        "mmserve.entrypoints",
+        "mmserve.frontend",
+        "mmserve.core",
+        "mmserve.worker",
+        "mmserve.engine",
+    },
 }
 
 
@@ -113,10 +140,18 @@ def imported_modules(path: Path, module: str, root: Path) -> set[str]:
 TORCH_FREE = ("mmserve.config", "mmserve.model_config", "mmserve.engine_args", "mmserve.protocol")
 
 
+def is_model_description(module: str) -> bool:
+    """A torch-free module of mmserve.models: the registry, the interface, a family's description."""
+    parts = module.split(".")
+    return parts[:2] == ["mmserve", "models"] and parts[-1] in MODEL_DESCRIPTIONS
+
+
 def is_allowed(source: str, target: str) -> bool:
     source_layer, target_layer = layer_of(source), layer_of(target)
     if source_layer == target_layer:
         return True
+    if target_layer == "mmserve.models" and source_layer in ("mmserve.frontend", "mmserve.engine_args"):
+        return is_model_description(target)
     return any(target == allowed or target.startswith(allowed + ".") for allowed in ALLOWED[source_layer])
 
 

@@ -9,6 +9,7 @@ import pytest
 from mmserve.frontend.input_processor import InputProcessor
 from mmserve.frontend.media import MediaLoader
 from mmserve.frontend.tokenizer import Tokenizer
+from mmserve.models.registry import family_named, load_model_config
 from mmserve.testing.checkpoints import checkpoint
 
 
@@ -19,8 +20,10 @@ def tokenizer() -> Tokenizer:
 
 def processor(tokenizer: Tokenizer, special_tokens_in_content: bool = False) -> InputProcessor:
     # No image is used, so no pool is needed.
+    config = load_model_config(checkpoint("qwen2_vl"))
+    images = family_named(config.family).multimodal_processor(config, tokenizer, {})
     return InputProcessor(  # type: ignore[arg-type]
-        tokenizer, None, MediaLoader(), 4096, 8, special_tokens_in_content=special_tokens_in_content
+        tokenizer, None, MediaLoader(), 4096, 8, images, special_tokens_in_content=special_tokens_in_content
     )
 
 
@@ -57,7 +60,7 @@ def test_with_the_flag_typed_control_tokens_are_control_tokens(tokenizer: Tokeni
 def test_typed_image_pad_is_text_not_a_placeholder(tokenizer: Tokenizer) -> None:
     parts = [{"type": "text", "text": "look: <|vision_start|><|image_pad|><|vision_end|>"}]
     prompt = processor(tokenizer).chat([{"role": "user", "content": parts}])
-    assert tokenizer.image_pad_id not in prompt.token_ids and prompt.features == []
+    assert tokenizer.token_to_id("<|image_pad|>") not in prompt.token_ids and prompt.features == []
 
 
 def test_without_special_text_the_encoding_is_unchanged(tokenizer: Tokenizer) -> None:

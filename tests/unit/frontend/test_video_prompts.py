@@ -47,17 +47,18 @@ def test_video_features_cover_every_video_token(frontend):
     covered = [i for f in prompt.features for i in range(f.offset, f.offset + f.length)]
     assert covered == positions
     assert all(f.modality == "video" for f in prompt.features)
-    if frontend.inputs.videos.tokens.family == "qwen3_vl":  # two temporal patches, timestamps between
+    if frontend.inputs.processor.video_settings.clip_bound:  # Qwen3-VL: timestamps between patches
         assert len(prompt.features) == 2 and prompt.features[1].mm_hash.endswith("-1")
         assert all(f.grid_thw[0] == 1 for f in prompt.features)
     else:
         [feature] = prompt.features
-        assert feature.grid_thw[0] == 2 and feature.seconds_per_temporal_patch == pytest.approx(2 / 24)
+        # Qwen2.5-VL: tokens_per_second 2 × (2 frames a patch / 24 frames a second)
+        assert feature.grid_thw[0] == 2 and feature.position_step == pytest.approx(2 * 2 / 24)
 
 
 def test_video_fields_cross_the_wire():
     feature = MultiModalFeature(
-        "h", 3, 4, (2, 4, 4), np.ones((32, 8), np.float32), modality="video", seconds_per_temporal_patch=0.5
+        "h", 3, 4, (2, 4, 4), np.ones((32, 8), np.float32), modality="video", position_step=0.5
     )
     request = EngineRequest(
         request_id="r",
@@ -67,7 +68,7 @@ def test_video_fields_cross_the_wire():
         arrival_time=0,
     )
     [received] = decode_add([bytes(f) for f in encode_add(request)]).mm_features
-    assert (received.modality, received.seconds_per_temporal_patch) == ("video", 0.5)
+    assert (received.modality, received.position_step) == ("video", 0.5)
     np.testing.assert_array_equal(received.pixel_values, feature.pixel_values)
 
 

@@ -9,8 +9,9 @@ from transformers import Qwen2VLConfig
 from transformers.models.qwen2_vl.modeling_qwen2_vl import Qwen2VLModel
 from transformers.vision_utils import get_vision_window_index
 
-from mmserve.layers.rotary import MRotaryEmbedding, inverse_frequencies, mrope_input_positions
-from mmserve.models.qwen2_5_vl import window_partition
+from mmserve.layers.rotary import MRotaryEmbedding, inverse_frequencies
+from mmserve.models.qwen2_5_vl.model import window_partition
+from mmserve.models.qwen2_vl.positions import mrope_input_positions
 
 IMAGE = 7
 MERGE = 2

@@ -12,9 +12,9 @@ from transformers.models.qwen2_vl.modeling_qwen2_vl import Qwen2VLModel
 from transformers.models.qwen3_vl.configuration_qwen3_vl import Qwen3VLTextConfig
 from transformers.models.qwen3_vl.modeling_qwen3_vl import Qwen3VLTextRotaryEmbedding
 
-from mmserve.layers.rotary import InterleavedMRotaryEmbedding, mrope_input_positions
-from mmserve.protocol import MultiModalFeature
-from mmserve.worker.input_batch import video_time_interval
+from mmserve.layers.rotary import InterleavedMRotaryEmbedding
+from mmserve.models.qwen2_vl.positions import mrope_input_positions
+from mmserve.models.qwen2_vl.processing import position_step
 
 IMAGE, VIDEO, MERGE = 7, 8, 2
 
@@ -78,23 +78,15 @@ def test_qwen2_5_vl_time_aligned_positions_match_transformers(pieces):
     ids, items, videos = layout(pieces)
     config = Qwen2_5_VLConfig(vision_config={"spatial_merge_size": MERGE, "tokens_per_second": 2})
     want, want_delta = hf_positions(Qwen2_5_VLModel, config, ids, items, videos)
-    features = [
-        MultiModalFeature(
-            "h", o, n, g, modality="image" if v is None else "video", seconds_per_temporal_patch=v or 0
-        )
-        for (o, n, g), v in zip(items, videos)
-    ]
-    intervals = [video_time_interval(f, 2.0) for f in features]
+    intervals = [1.0 if v is None else position_step(2.0, v) for v in videos]
     got, delta = mrope_input_positions(len(ids), items, MERGE, intervals)
     np.testing.assert_array_equal(got, want)
     assert delta == want_delta
 
 
-def test_time_interval_is_one_for_images_and_models_without_a_rate():
-    video = MultiModalFeature("h", 0, 4, (2, 2, 4), modality="video", seconds_per_temporal_patch=0.3)
-    assert video_time_interval(video, 0.0) == 1.0
-    assert video_time_interval(MultiModalFeature("h", 0, 4, (1, 4, 4)), 2.0) == 1.0
-    assert video_time_interval(video, 2.0) == pytest.approx(0.6)
+def test_position_step_is_one_for_models_without_a_rate():
+    assert position_step(0.0, 0.3) == 1.0
+    assert position_step(2.0, 0.3) == pytest.approx(0.6)
 
 
 @pytest.mark.parametrize("section", [(24, 20, 20), (6, 5, 5), (4, 6, 6)])

@@ -13,9 +13,10 @@ import numpy as np
 import pytest
 import torch
 
-from mmserve.config import CacheConfig, CompilationConfig, ExecutionConfig, ModelConfig, SchedulerConfig
+from mmserve.config import CacheConfig, CompilationConfig, ExecutionConfig, SchedulerConfig
 from mmserve.core.sched_output import CachedRequestData, NewRequestData, SchedulerOutput
 from mmserve.layers.attention import AttentionMetadata, get_attention_backend
+from mmserve.models.registry import load_model_config
 from mmserve.sampling_params import SamplingParams
 from mmserve.testing.checkpoints import checkpoint
 from mmserve.worker.cuda_graphs import (
@@ -78,7 +79,7 @@ def test_only_one_text_token_per_request_is_decode_only():
 def runner_after_prefill(backend: str, prompt_lens: list[int], block_ids: list[list[int]]) -> ModelRunner:
     """A runner holding requests r0, r1, ... whose prompts are computed (one step), each with
     the blocks given (ids out of order, with holes)."""
-    config = ModelConfig.from_pretrained(checkpoint("qwen2_vl"), dtype="float32", max_model_len=MAX_MODEL_LEN)
+    config = load_model_config(checkpoint("qwen2_vl"), dtype="float32", max_model_len=MAX_MODEL_LEN)
     runner = ModelRunner(
         config,
         CacheConfig(num_blocks=64),
@@ -118,7 +119,7 @@ def test_a_padded_decode_step_matches_the_step_as_it_is():
         cache.copy_(before)
 
     static = StaticDecodeInputs(
-        16, embeds.shape[1], runner.max_blocks_per_req, MAX_MODEL_LEN, torch.float32, CPU
+        16, embeds.shape[1], runner.max_blocks_per_req, MAX_MODEL_LEN, torch.float32, CPU, position_rows=3
     )
     static.block_table.fill_(5)  # stale ids from "earlier steps": valid blocks the kernels must not read
     static.fill(embeds, inputs.positions, inputs.attn_metadata, size=8)
@@ -161,7 +162,7 @@ def test_triton_attention_over_padded_static_inputs_matches_the_real_rows():
     expected_cache = cache.clone()
     expected = get_attention_backend("torch", CPU).forward(q[:3], k[:3], v[:3], expected_cache, real, 0.2)
 
-    static = StaticDecodeInputs(8, 1, 4, MAX_MODEL_LEN, torch.float32, CPU)
+    static = StaticDecodeInputs(8, 1, 4, MAX_MODEL_LEN, torch.float32, CPU, position_rows=3)
     static.fill(torch.zeros(3, 1), torch.zeros(3, 3, dtype=torch.int64), real, size=8)
     got = get_attention_backend("triton", CPU).forward(q, k, v, cache, static.metadata(8), 0.2)
     torch.testing.assert_close(got[:3], expected, rtol=1e-5, atol=1e-5)

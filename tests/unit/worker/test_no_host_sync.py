@@ -9,7 +9,8 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from mmserve.config import CacheConfig, ExecutionConfig, ModelConfig, SchedulerConfig
+from mmserve.config import CacheConfig, ExecutionConfig, SchedulerConfig
+from mmserve.models.registry import load_model_config
 from mmserve.testing.checkpoints import checkpoint
 from mmserve.testing.driver import ChunkedDriver
 from mmserve.testing.reference import PromptInputs
@@ -38,7 +39,7 @@ def prompt_with_image(rng: np.random.Generator, image_token_id: int) -> PromptIn
 
 @pytest.mark.parametrize("backend", ["torch", "cpu"])
 def test_the_forward_reads_nothing_back_from_the_device(backend):
-    config = ModelConfig.from_pretrained(checkpoint("qwen2_vl"), dtype="float32")
+    config = load_model_config(checkpoint("qwen2_vl"), dtype="float32")
     runner = ModelRunner(
         config,
         CacheConfig(block_size=16),

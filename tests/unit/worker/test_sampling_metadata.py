@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from mmserve.layers.sampler import Sampler
+from mmserve.models.family import PromptPositions
 from mmserve.sampling_params import SamplingParams
 from mmserve.worker.input_batch import InputBatch, new_request_state
 from mmserve.worker.sampling_metadata import SamplingMetadataBuilder
@@ -27,7 +28,7 @@ PARAMS = [
 def make_batch(params: list[SamplingParams]) -> InputBatch:
     batch = InputBatch(len(params) + 1, 32, 8)
     for i, p in enumerate(params):
-        state = new_request_state(f"r{i}", [1 + i, 2, 3, 4], [], [], p, 2)
+        state = new_request_state(f"r{i}", [1 + i, 2, 3, 4], [], [], p, PromptPositions())
         batch.add(state, 3, [i])
     return batch
 

@@ -1,6 +1,7 @@
 """The step's inputs, built into persistent buffers: equal to a token-by-token reference over
 random ragged steps (unscheduled rows, rows moved by removals, chunks through images, block
-tables with holes), and written in place step after step."""
+tables with holes), with M-RoPE's three position rows and RoPE's one, and written in place step
+after step."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ import numpy as np
 import pytest
 import torch
 
+from mmserve.models.family import PromptPositions
+from mmserve.models.qwen2_vl.positions import MRopePositions
 from mmserve.protocol import MultiModalFeature
 from mmserve.sampling_params import SamplingParams
 from mmserve.worker.input_batch import InputBatch, new_request_state
@@ -17,9 +20,12 @@ BLOCK_SIZE = 4
 MAX_LEN = 64
 MERGE = 2
 CPU = torch.device("cpu")
+SCHEMES = {"mrope": MRopePositions(MERGE), "rope": PromptPositions()}
 
 
-def add_request(batch: InputBatch, rng: np.random.Generator, req_id: str) -> None:
+def add_request(
+    batch: InputBatch, rng: np.random.Generator, req_id: str, positions: PromptPositions = SCHEMES["mrope"]
+) -> None:
     """A request with a random prompt, an image of 4 placeholder tokens in about half of them,
     a few computed tokens and its blocks scattered over the cache (holes between them)."""
     num_prompt = int(rng.integers(6, 30))
@@ -29,7 +35,7 @@ def add_request(batch: InputBatch, rng: np.random.Generator, req_id: str) -> Non
         features.append(MultiModalFeature(f"{req_id}-image", offset, 4, (1, 4, 4)))
     output = rng.integers(0, 1000, int(rng.integers(0, 3))).tolist()
     state = new_request_state(
-        req_id, rng.integers(0, 1000, num_prompt).tolist(), output, features, SamplingParams(), MERGE
+        req_id, rng.integers(0, 1000, num_prompt).tolist(), output, features, SamplingParams(), positions
     )
     num_computed = int(rng.integers(0, state.num_tokens))
     num_blocks = -(-MAX_LEN // BLOCK_SIZE)
@@ -48,7 +54,7 @@ def random_schedule(batch: InputBatch, rng: np.random.Generator) -> dict[str, in
     return scheduled
 
 
-def reference(batch: InputBatch, scheduled: dict[str, int]) -> dict[str, list]:
+def reference(batch: InputBatch, scheduled: dict[str, int], rows: int) -> dict[str, list]:
     """The inputs token by token, straight from their definitions."""
     ref = {key: [] for key in ("input_ids", "positions", "slots", "seq_lens", "logits_indices")}
     token = 0
@@ -57,9 +63,11 @@ def reference(batch: InputBatch, scheduled: dict[str, int]) -> dict[str, list]:
         start = int(batch.num_computed_tokens[row])
         for index in range(start, start + scheduled[req_id]):
             ref["input_ids"].append(int(batch.token_ids[row, index]))
-            table = state.mrope_positions
-            inside = index < table.shape[1]
-            ref["positions"].append(table[:, index].tolist() if inside else [index + state.mrope_delta] * 3)
+            table = state.positions
+            inside = table is not None and index < table.shape[1]
+            ref["positions"].append(
+                table[:, index].tolist() if inside else [index + state.position_delta] * rows
+            )
             block = int(batch.block_table[row, index // BLOCK_SIZE])
             ref["slots"].append(block * BLOCK_SIZE + index % BLOCK_SIZE)
             token += 1
@@ -72,7 +80,7 @@ def reference(batch: InputBatch, scheduled: dict[str, int]) -> dict[str, list]:
 
 def check(batch: InputBatch, builder: StepInputBuilder, scheduled: dict[str, int]) -> None:
     inputs = builder.prepare(scheduled)
-    ref = reference(batch, scheduled)
+    ref = reference(batch, scheduled, builder.position_rows)
     meta = inputs.attn_metadata
     assert inputs.input_ids.tolist() == ref["input_ids"]
     assert inputs.positions.T.tolist() == ref["positions"]
@@ -87,13 +95,16 @@ def check(batch: InputBatch, builder: StepInputBuilder, scheduled: dict[str, int
     assert meta.block_table.is_contiguous() and inputs.positions.is_contiguous()
 
 
+@pytest.mark.parametrize("scheme", SCHEMES)
 @pytest.mark.parametrize("seed", range(12))
-def test_step_inputs_match_the_token_by_token_reference(seed):
+def test_step_inputs_match_the_token_by_token_reference(seed, scheme):
     rng = np.random.default_rng(seed)
+    positions = SCHEMES[scheme]
     batch = InputBatch(6, MAX_LEN, -(-MAX_LEN // BLOCK_SIZE))
-    builder = StepInputBuilder(batch, BLOCK_SIZE, max_num_tokens=8, device=CPU)  # steps outgrow it
+    # max_num_tokens 8: steps outgrow the buffers
+    builder = StepInputBuilder(batch, BLOCK_SIZE, max_num_tokens=8, device=CPU, position_rows=positions.rows)
     for i in range(6):
-        add_request(batch, rng, f"r{i}")
+        add_request(batch, rng, f"r{i}", positions)
     for step in range(6):
         if step == 3:  # the last row moves into the hole
             batch.remove(batch.req_ids[int(rng.integers(0, batch.num_reqs - 1))])
@@ -108,7 +119,7 @@ def test_step_inputs_match_the_token_by_token_reference(seed):
 def test_decode_steps_write_the_same_buffers_in_place():
     rng = np.random.default_rng(0)
     batch = InputBatch(4, MAX_LEN, -(-MAX_LEN // BLOCK_SIZE))
-    builder = StepInputBuilder(batch, BLOCK_SIZE, max_num_tokens=64, device=CPU)
+    builder = StepInputBuilder(batch, BLOCK_SIZE, max_num_tokens=64, device=CPU, position_rows=3)
     for i in range(4):
         add_request(batch, rng, f"r{i}")
     storage = None

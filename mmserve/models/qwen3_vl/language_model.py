@@ -11,15 +11,15 @@ from __future__ import annotations
 
 import torch
 
-from mmserve.config import ModelConfig
 from mmserve.layers.attention import AttentionBackend, AttentionMetadata
 from mmserve.layers.norm import RMSNorm
 from mmserve.layers.rotary import MRotaryEmbedding
-from mmserve.models.qwen2 import Qwen2Attention, Qwen2DecoderLayer, Qwen2Model
+from mmserve.models.qwen2_vl.config import QwenVLConfig
+from mmserve.models.qwen2_vl.language_model import Qwen2Attention, Qwen2DecoderLayer, Qwen2Model
 
 
 class Qwen3Attention(Qwen2Attention):
-    def __init__(self, config: ModelConfig, rotary: MRotaryEmbedding, backend: AttentionBackend) -> None:
+    def __init__(self, config: QwenVLConfig, rotary: MRotaryEmbedding, backend: AttentionBackend) -> None:
         super().__init__(config, rotary, backend)
         self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
         self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps)

@@ -12,7 +12,6 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from mmserve.config import ModelConfig
 from mmserve.layers.activation import SiluAndMul
 from mmserve.layers.attention import AttentionBackend, AttentionMetadata
 from mmserve.layers.fused_decoder_layer import FusedDecoderLayer, FusesOnCpu
@@ -21,6 +20,7 @@ from mmserve.layers.norm import RMSNorm
 from mmserve.layers.rotary import InterleavedMRotaryEmbedding, MRotaryEmbedding
 from mmserve.layers.vocab_embedding import VocabParallelEmbedding
 from mmserve.layers.weights import CheckpointTensor, load_parameter
+from mmserve.models.qwen2_vl.config import QwenVLConfig
 from mmserve.ops.linear import OneDnnLinear, PanelLinear
 
 # checkpoint name fragment → (fused parameter fragment, shard index)
@@ -34,7 +34,7 @@ STACKED_PARAMS = {
 
 
 class Qwen2Attention(nn.Module):
-    def __init__(self, config: ModelConfig, rotary: MRotaryEmbedding, backend: AttentionBackend) -> None:
+    def __init__(self, config: QwenVLConfig, rotary: MRotaryEmbedding, backend: AttentionBackend) -> None:
         super().__init__()
         self.head_dim = config.head_dim
         self.qkv_proj = QKVParallelLinear(
@@ -88,7 +88,7 @@ class Qwen2MLP(nn.Module):
 class Qwen2DecoderLayer(FusesOnCpu, nn.Module):
     attention_class: type[Qwen2Attention] = Qwen2Attention
 
-    def __init__(self, config: ModelConfig, rotary: MRotaryEmbedding, backend: AttentionBackend) -> None:
+    def __init__(self, config: QwenVLConfig, rotary: MRotaryEmbedding, backend: AttentionBackend) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.self_attn = self.attention_class(config, rotary, backend)
@@ -144,7 +144,7 @@ class Qwen2Model(nn.Module):
 
     decoder_layer_class: type[Qwen2DecoderLayer] = Qwen2DecoderLayer
 
-    def __init__(self, config: ModelConfig, backend: AttentionBackend) -> None:
+    def __init__(self, config: QwenVLConfig, backend: AttentionBackend) -> None:
         super().__init__()
         self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size)
         # One rotary table shared by every layer (a submodule of this model, not of the layers).

@@ -1,15 +1,11 @@
-"""Qwen3-VL (dense): a ViT with learned, interpolated position embeddings and DeepStack features,
-in front of the Qwen3 language model.
+"""The Qwen3-VL vision tower: a ViT with learned, interpolated position embeddings and DeepStack
+features.
 
-The vision tower embeds 16-pixel patches, adds a learned position table resampled (bilinear,
-corners aligned) to each frame's patch grid, and runs LayerNorm/GELU blocks with the same 2-D
-RoPE and per-frame attention as Qwen2-VL. Besides the merged output of the last block, the
-blocks listed in `deepstack_visual_indexes` each give a merged feature map; the language model
-adds feature d to the visual tokens' hidden states after its layer d.
-
-An item's embeddings are cached as one [num_tokens, (1 + D) · hidden] tensor (the main
-embeddings, then the D DeepStack features), so the encoder cache and chunked prefill slice all
-of them together; `merge_multimodal_embeddings` splits them again.
+It embeds 16-pixel patches, adds a learned position table resampled (bilinear, corners aligned)
+to each frame's patch grid, and runs LayerNorm/GELU blocks with the same 2-D RoPE and per-frame
+attention as Qwen2-VL. Besides the merged output of the last block, the blocks listed in
+`deepstack_visual_indexes` each give a merged feature map; the language model adds feature d to
+the visual tokens' hidden states after its layer d.
 """
 
 from __future__ import annotations
@@ -19,15 +15,13 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from mmserve.config import ModelConfig, VisionConfig
 from mmserve.distributed.parallel_state import TensorParallelGroup
 from mmserve.layers.activation import get_activation
-from mmserve.layers.attention import AttentionBackend, AttentionMetadata
 from mmserve.layers.linear import ColumnParallelLinear, RowParallelLinear
 from mmserve.layers.packed_weights import PatchProjection
 from mmserve.layers.rotary import VisionRotaryEmbedding, vision_patch_positions
-from mmserve.models.qwen2_vl import Grid, Qwen2VLForConditionalGeneration, VisionBlock, image_cu_seqlens
-from mmserve.models.qwen3 import Qwen3Model
+from mmserve.models.qwen2_vl.config import VisionConfig
+from mmserve.models.qwen2_vl.vision import Grid, VisionBlock, image_cu_seqlens
 
 
 class Qwen3PatchEmbed(nn.Module):
@@ -138,38 +132,3 @@ class Qwen3VisionTransformer(nn.Module):
                 merger = self.deepstack_merger_list[vision.deepstack_visual_indexes.index(index)]
                 features.append(merger(x))
         return torch.cat([self.merger(x), *features], dim=-1)
-
-
-class Qwen3VLForConditionalGeneration(Qwen2VLForConditionalGeneration):
-    """Vision tower + Qwen3 language model + LM head, behind the Qwen2-VL model interface."""
-
-    vision_tower_class = Qwen3VisionTransformer
-    language_model_class = Qwen3Model
-
-    def __init__(
-        self, config: ModelConfig, backend: AttentionBackend, encoder_data_parallel: bool = False
-    ) -> None:
-        super().__init__(config, backend, encoder_data_parallel)
-        # (visual rows, DeepStack features) of the step being run: set by
-        # merge_multimodal_embeddings, taken by the forward that follows it
-        self._deepstack: tuple[torch.Tensor, torch.Tensor] | None = None
-
-    def merge_multimodal_embeddings(
-        self, embeds: torch.Tensor, rows: torch.Tensor, mm_embeds: torch.Tensor
-    ) -> torch.Tensor:
-        """embeds: [T, hidden]; rows: [V]; mm_embeds: [V, (1 + D) · hidden]."""
-        hidden = self.config.hidden_size
-        embeds[rows] = mm_embeds[:, :hidden].to(embeds.dtype)
-        deepstack = mm_embeds[:, hidden:].unflatten(1, (-1, hidden)).transpose(0, 1)  # [D, V, hidden]
-        self._deepstack = (rows, deepstack)
-        return embeds
-
-    def forward(
-        self,
-        inputs_embeds: torch.Tensor,  # [T, hidden]
-        positions: torch.Tensor,  # [3, T]
-        kv_caches: list[torch.Tensor],
-        metadata: AttentionMetadata,
-    ) -> torch.Tensor:
-        deepstack, self._deepstack = self._deepstack, None
-        return self.model(inputs_embeds, positions, kv_caches, metadata, deepstack)

@@ -14,20 +14,14 @@ import numpy as np
 import torch
 from torch import nn
 
-from mmserve.config import VisionConfig
 from mmserve.distributed.parallel_state import TensorParallelGroup
 from mmserve.layers.activation import get_activation
 from mmserve.layers.linear import ColumnParallelLinear, RowParallelLinear
 from mmserve.layers.norm import RMSNorm
 from mmserve.layers.rotary import VisionRotaryEmbedding, vision_patch_positions
-from mmserve.models.qwen2_vl import (
-    Grid,
-    PatchEmbed,
-    PatchMerger,
-    Qwen2VLForConditionalGeneration,
-    VisionAttention,
-    image_cu_seqlens,
-)
+from mmserve.models.qwen2_vl.config import VisionConfig
+from mmserve.models.qwen2_vl.model import Qwen2VLForConditionalGeneration
+from mmserve.models.qwen2_vl.vision import Grid, PatchEmbed, PatchMerger, VisionAttention, image_cu_seqlens
 
 
 class GatedVisionMLP(nn.Module):
