@@ -3,9 +3,9 @@ checked, and tools and tool turns put where the chat template can see them.
 
 A chat template that knows tools (it mentions `tools`) gets them as the `tools` template
 kwarg and the messages' `tool_calls` as they are (arguments as objects, as Hugging Face
-templates expect). The Qwen2-VL templates do not, so for them the tools are described in the
-system message and earlier calls and tool results are written in the same `<tool_call>` /
-`<tool_response>` notation the model is asked to answer in.
+templates expect). For a template that does not (some vision models' templates render no
+tools), the tools are described in the system message and earlier calls and tool results are
+written in the same `<tool_call>` / `<tool_response>` notation the model is asked to answer in.
 """
 
 from __future__ import annotations

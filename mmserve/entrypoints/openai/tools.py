@@ -1,6 +1,7 @@
-"""Tool calls in Qwen's format: tools into the prompt, `<tool_call>` blocks out of the answer.
+"""Tool calls in the Hermes format (vLLM's `hermes` parser): tools into the prompt,
+`<tool_call>` blocks out of the answer.
 
-A Qwen model calls a tool by writing `<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>`.
+The model calls a tool by writing `<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>`.
 `ToolCallParser` splits an answer (whole, or streamed piece by piece: the same parser serves
 both, so a stream reassembles to exactly the non-streamed calls) into content and calls.
 `tool_choice` "required" or a named function is enforced by a grammar (`tool_call_grammar`,
