@@ -2,13 +2,14 @@
 
     .venv/bin/python -m benchmarks.load_memory --preset mid --dtype float32 bfloat16
 
-For each dtype a fresh process builds the model with `mmserve.models.loader.load_model` (the
-architecture born in its final dtype, the safetensors read tensor by tensor, then each CPU
-linear packed and its plain weight dropped) while a thread samples the process's anonymous
-resident memory (`RssAnon`: the heap, not the checkpoint file's page-cache pages that safetensors
-maps). Reported: the model's bytes as held afterwards (parameters + packed weights), the peak
-anonymous memory the load added, and peak ÷ model. A loader that materialised the checkpoint at
-full size first, or kept plain and packed copies side by side, would show ≈ 2.
+For each dtype a fresh process builds the model as a worker does
+(`mmserve.worker.kernel_plan.load_planned_model`: the architecture born in its final dtype, the
+safetensors read tensor by tensor, then each CPU linear packed and its plain weight dropped)
+while a thread samples the process's anonymous resident memory (`RssAnon`: the heap, not the
+checkpoint file's page-cache pages that safetensors maps). Reported: the model's bytes as held
+afterwards (parameters + packed weights), the peak anonymous memory the load added, and peak ÷
+model. A loader that materialised the checkpoint at full size first, or kept plain and packed
+copies side by side, would show ≈ 2.
 """
 
 from __future__ import annotations
@@ -57,18 +58,17 @@ class PeakSampler:
 
 def measure(preset: str, dtype_name: str, queue: multiprocessing.Queue) -> None:
     """In a fresh process: load the preset's checkpoint in `dtype_name`; put the figures on `queue`."""
-    from mmserve.layers.attention.selector import get_attention_backend
+    from mmserve.config import ExecutionConfig
     from mmserve.layers.packed_weights import weight_bytes
-    from mmserve.models.loader import load_model
     from mmserve.models.registry import load_model_config
     from mmserve.testing.checkpoints import checkpoint
+    from mmserve.worker.kernel_plan import load_planned_model
 
     path = checkpoint("qwen2_vl", preset)
     config = load_model_config(str(path), dtype_name, None)
-    backend = get_attention_backend("auto", torch.device("cpu"), getattr(torch, config.dtype), 16)
     before = anonymous_bytes()
     with PeakSampler() as sampler:
-        model = load_model(config, backend, torch.device("cpu"))
+        model, _, _ = load_planned_model(config, torch.device("cpu"), ExecutionConfig(), 16)
     held = weight_bytes(model)
     queue.put(
         {

@@ -25,9 +25,9 @@ def time_tower(model_dir: str, dataset_path: str, images: int) -> float:
     from PIL import Image
     from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
-    from mmserve.layers.attention import get_attention_backend
-    from mmserve.models.loader import load_model
+    from mmserve.config import ExecutionConfig
     from mmserve.models.registry import load_model_config
+    from mmserve.worker.kernel_plan import load_planned_model
 
     table = pq.read_table(sorted(Path(dataset_path).glob("data/*.parquet"))[0], columns=["images"])
     blobs = [row[0]["bytes"] for row in table.column("images").to_pylist()[:images]]
@@ -35,7 +35,9 @@ def time_tower(model_dir: str, dataset_path: str, images: int) -> float:
     pictures = [Image.open(io.BytesIO(b)).convert("RGB") for b in blobs]
     inputs = [processor(images=[picture], return_tensors="pt") for picture in pictures]
     config = load_model_config(model_dir, dtype="bfloat16")
-    model = load_model(config, get_attention_backend("cpu", torch.device("cpu")), torch.device("cpu"))
+    model, _, _ = load_planned_model(
+        config, torch.device("cpu"), ExecutionConfig(attention_backend="cpu"), 16
+    )
 
     def encode(x) -> None:
         model.encode_images([x["pixel_values"]], [tuple(g) for g in x["image_grid_thw"].tolist()])

@@ -129,10 +129,10 @@ kept out of the traced graph as one opaque op per layer (the pieces between are 
 @dataclass(frozen=True)
 class CompilationConfig:
     """How the language model is compiled and captured (the `--compilation-config` JSON, named
-    as vLLM's): `level` one of COMPILATION_LEVELS, None = 1 on CUDA and 0 on CPU (measured 2.3x
-    slower there, BENCHMARKS.md); `backend` torch.compile's; `cudagraph_capture_sizes` the
-    decode batch sizes captured as CUDA graphs (None = 1, 2, 4, then multiples of 8 up to
-    max_num_seqs and at most 512; [] = none)."""
+    as vLLM's): `level` one of COMPILATION_LEVELS, None = 1 on CUDA and 0 on CPU (slower there:
+    BENCHMARKS.md, "torch.compile ... off by default"); `backend` torch.compile's;
+    `cudagraph_capture_sizes` the decode batch sizes captured as CUDA graphs (None = 1, 2, 4,
+    then multiples of 8 up to max_num_seqs and at most 512; [] = none)."""
 
     level: int | None = None
     backend: str = "inductor"

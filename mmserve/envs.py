@@ -34,7 +34,8 @@ def num_threads() -> int | None:
 
 def cpu_linear() -> str:
     """MMSERVE_CPU_LINEAR: `packed` (default: linear weights repacked after loading for the CPU
-    kernel set's matmul, mmserve.ops.linear) or `torch` (plain weights and F.linear, the reference)."""
+    CPU's fastest matmul, mmserve/worker/kernel_plan.py) or `torch` (plain weights and F.linear,
+    the reference)."""
     value = os.environ.get("MMSERVE_CPU_LINEAR", "packed")
     if value not in ("packed", "torch"):
         raise ValueError(f"MMSERVE_CPU_LINEAR must be 'packed' or 'torch', got {value!r}")
@@ -43,7 +44,7 @@ def cpu_linear() -> str:
 
 def cpu_decoder_layer() -> str:
     """MMSERVE_CPU_DECODER_LAYER: `fused` (default: each language-model decoder layer whose parts
-    all run on the CPU kernels is one C++ call, mmserve.layers.fused_decoder_layer) or `modules`
+    all run on the CPU kernels is one C++ call, mmserve/worker/kernel_plan.py) or `modules`
     (one call per op, from the layer's modules: the same results, more Python per step)."""
     value = os.environ.get("MMSERVE_CPU_DECODER_LAYER", "fused")
     if value not in ("fused", "modules"):
@@ -53,9 +54,8 @@ def cpu_decoder_layer() -> str:
 
 def cpu_widen_bf16() -> str:
     """MMSERVE_CPU_WIDEN_BF16: `auto` (default: on CPUs whose float32 FMAs outrun their bfloat16
-    dot products, AVX512-BF16 without AMX, a bf16 model's vision tower computes in float32;
-    mmserve.ops.linear.float32_outruns_bfloat16) or `never` (bf16 throughout, as on every other
-    CPU)."""
+    dot products, Intel AVX512-BF16 without AMX, a bf16 model's vision tower computes in
+    float32; mmserve/worker/kernel_plan.py) or `never` (bf16 throughout, as on other CPUs)."""
     value = os.environ.get("MMSERVE_CPU_WIDEN_BF16", "auto")
     if value not in ("auto", "never"):
         raise ValueError(f"MMSERVE_CPU_WIDEN_BF16 must be 'auto' or 'never', got {value!r}")

@@ -2,8 +2,8 @@
 
 A layer inherits `UsesKernels` and calls `self.kernels.<op>`; constructors take no kernel
 argument, so model code stays the same whatever the backend. `use_kernels` hands every such
-layer of a model the attention backend's set once, after construction (the torch reference
-set until then).
+layer of a model its set once, after loading (the torch reference set until then), as the
+kernel plan says (mmserve/worker/kernel_plan.py).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""RMSNorm, computed in float32 whatever the activation dtype (as the Qwen checkpoints expect),
+"""RMSNorm, computed in float32 whatever the activation dtype (as transformers computes it),
 optionally fused with the residual add that precedes it."""
 
 from __future__ import annotations

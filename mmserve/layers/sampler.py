@@ -246,7 +246,7 @@ def inverse_cdf_draw(probs: torch.Tensor, generators: dict[int, torch.Generator]
 
     One random number and one cumulative sum a row: the exponential race (argmax(probs / q), q ~
     Exponential(1) per token, what vLLM runs on GPUs) drew V numbers a row, and torch's CPU
-    exponential_ took 2.2 ms a step for 8 rows of a 12k vocabulary and 25 ms for Qwen2's 152k,
+    exponential_ took 2.2 ms a step for 8 rows of a 12k vocabulary and 25 ms for a 152k one,
     against 0.13 and 0.8 ms here (BENCHMARKS.md, "Zen 4, stop 37"). Nothing waits for the host.
     A token of probability 0 never wins: its interval [cdf[i-1], cdf[i]) is empty.
     """

@@ -16,12 +16,7 @@ import torch
 from safetensors import safe_open
 from torch import nn
 
-from mmserve import envs
 from mmserve.config import ModelConfig
-from mmserve.layers.attention import AttentionBackend
-from mmserve.layers.fused_decoder_layer import fuse_decoder_layers
-from mmserve.layers.kernel_user import use_kernels
-from mmserve.layers.packed_weights import pack_linear_weights
 from mmserve.layers.weights import CheckpointTensor
 from mmserve.models.registry import family_named
 
@@ -59,44 +54,20 @@ def _default_dtype(dtype: torch.dtype) -> Iterator[None]:
         torch.set_default_dtype(previous)
 
 
-def load_model(
-    config: ModelConfig,
-    backend: AttentionBackend,
-    device: torch.device,
-    encoder_data_parallel: bool = False,
-    compiled_language_model: bool = False,
-) -> nn.Module:
-    """Instantiate the architecture (this rank's shard of it) on `device` directly in
-        `config.dtype` (parameters are born in their final dtype, so loading peaks at the model's
-        size, not twice it), fill it from the folder, and give its layers the backend's kernel set.
-        `encoder_data_parallel`: the vision tower whole on every rank instead of split.
-
-        Then, weights loaded, each linear layer's weight is packed for the kernel set's matmul where
-        it has one (on CPU; MMSERVE_CPU_LINEAR=torch keeps F.linear), and each decoder layer whose
-    parts then all run on the CPU kernels becomes one C++ call (MMSERVE_CPU_DECODER_LAYER=modules
-    keeps the modules' calls). `compiled_language_model`:
-        the language model is to be traced by torch.compile, so its layers keep plain weights."""
+def load_model(config: ModelConfig, device: torch.device, encoder_data_parallel: bool = False) -> nn.Module:
+    """Instantiate the family's model (this rank's shard of it) on `device` directly in
+    `config.dtype` (parameters are born in their final dtype, so loading peaks at the model's
+    size, not twice it) and fill it from the folder. `encoder_data_parallel`: the vision tower
+    whole on every rank instead of split. The model runs the torch reference kernels until a
+    kernel plan is applied to it (mmserve/worker/kernel_plan.py)."""
     cls = family_named(config.family).model_class()
     dtype = getattr(torch, config.dtype)
     with torch.device(device), _default_dtype(dtype):
-        model = cls(config, backend, encoder_data_parallel)
+        model = cls(config, encoder_data_parallel)
     model.load_weights(iterate_weights(config.path, dtype))
     # Rotary tables stay float32 whatever the model dtype: they are computed, not loaded.
     for module in model.modules():
         for name, buf in module.named_buffers(recurse=False):
             if buf.is_floating_point():
                 setattr(module, name, buf.float())
-    visual = getattr(model, "visual", None)
-    if visual is not None and config.dtype == "bfloat16" and backend.kernels.float32_vision_tower:
-        visual.float()  # see Kernels.float32_vision_tower; encode_images hands on bfloat16
-    use_kernels(model, backend.kernels)
-    pack = backend.kernels.pack_linear if envs.cpu_linear() == "packed" else None
-    pack_linear_weights(
-        model,
-        pack,
-        keep_plain=model.model if compiled_language_model else None,
-        large_rows_only=getattr(model, "visual", None),
-    )
-    if envs.cpu_decoder_layer() == "fused":
-        fuse_decoder_layers(model)
     return model.eval()

@@ -85,7 +85,7 @@ def varlen_attention(
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """x: [T, hidden] → weight * normalised x; the norm is taken in float32, the result cast
-    back to x's dtype before the weight multiplies it (as the Qwen checkpoints expect)."""
+    back to x's dtype before the weight multiplies it (as transformers' RMSNorm computes it)."""
     xf = x.float()
     normed = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
     return weight * normed.to(x.dtype)
@@ -119,7 +119,7 @@ def mrope(
     row_of_channel: torch.Tensor,  # [D / 2] int64: which position row drives each frequency
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Rotary embedding (rotate-half / NeoX layout) with each frequency channel driven by one of
-    three position rows: M-RoPE's sections (Qwen2-VL) or its interleaving (Qwen3-VL) is just a
+    three position rows: M-RoPE's consecutive sections or its interleaved channels are just a
     choice of `row_of_channel`; all zeros is plain 1-D RoPE. cos/sin are cast to the inputs'
     dtype before they multiply, as transformers does. Returns new tensors."""
     channels = torch.arange(row_of_channel.shape[0], device=positions.device)
@@ -150,7 +150,7 @@ def vision_rotary(
 
 
 def quick_gelu(x: torch.Tensor) -> torch.Tensor:
-    """x · σ(1.702 · x) (CLIP's GELU approximation, Qwen2-VL's vision MLP)."""
+    """x · σ(1.702 · x) (CLIP's GELU approximation, some vision towers' MLP activation)."""
     return x * torch.sigmoid(1.702 * x)
 
 
@@ -172,7 +172,7 @@ def decoder_layer(
     slot_mapping: torch.Tensor,  # [T] int64
     weights: Sequence[torch.Tensor],  # input norm, qkv, o, post-attention norm, gate_up, down
     qkv_bias: torch.Tensor | None,  # [(H + 2 KVH) D]
-    qk_norms: Sequence[torch.Tensor],  # none, or per-head q and k norms [D] (Qwen3)
+    qk_norms: Sequence[torch.Tensor],  # none, or per-head q and k norms [D]
     cos_cache: torch.Tensor,
     sin_cache: torch.Tensor,
     row_of_channel: torch.Tensor,
@@ -181,7 +181,7 @@ def decoder_layer(
     eps: float,
     scale: float,
 ) -> tuple[torch.Tensor, torch.Tensor]:  # (this layer's MLP output, the stream before it)
-    """A Qwen2-family pre-norm decoder layer, x + attn(norm(x)) then + mlp(norm(·)), with each
+    """A pre-norm decoder layer of the Llama line, x + attn(norm(x)) then + mlp(norm(·)), with each
     residual add folded into the norm after it. Linear weights are plain [out, in]: qkv
     [(H + 2 KVH) D, hidden], o [hidden, H D], gate_up [2 I, hidden], down [hidden, I]."""
     input_norm, qkv_weight, o_weight, post_norm, gate_up_weight, down_weight = weights

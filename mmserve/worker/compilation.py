@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from mmserve.config import CompilationConfig
-from mmserve.layers.attention import AttentionBackend, AttentionMetadata
+from mmserve.layers.attention import Attention, AttentionBackend, AttentionMetadata
 from mmserve.layers.kernel_user import use_kernels
 from mmserve.ops.kernels import TORCH_KERNELS
 
@@ -114,15 +114,14 @@ class OpaqueAttention(AttentionBackend):
         )
 
 
-def compile_language_model(model: nn.Module, config: CompilationConfig) -> None:
-    """Compile `model.model` (the language model) in place: its attention calls go through
-    the custom op, its other layers take the torch kernel set, and its forward is compiled
-    with dynamic token counts. Compilation itself happens on the first call."""
-    language_model = model.model
+def compile_language_model(language_model: nn.Module, config: CompilationConfig) -> None:
+    """Compile `language_model` in place: its attention layers call their backend through the
+    custom op, its other layers take the torch kernel set, and its forward is compiled with
+    dynamic token counts. Compilation itself happens on the first call."""
     opaque: dict[int, OpaqueAttention] = {}  # one per backend object (the layers share one)
     for module in language_model.modules():
-        backend = getattr(module, "backend", None)
-        if isinstance(backend, AttentionBackend) and not isinstance(backend, OpaqueAttention):
+        if isinstance(module, Attention) and not isinstance(module.backend, OpaqueAttention):
+            backend = module.backend
             if id(backend) not in opaque:
                 opaque[id(backend)] = OpaqueAttention(backend)
             module.backend = opaque[id(backend)]

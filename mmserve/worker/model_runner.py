@@ -22,16 +22,14 @@ from mmserve.core.sched_output import (
 )
 from mmserve.distributed.parallel_state import get_tp_group
 from mmserve.distributed.partition import kv_heads_per_rank
-from mmserve.layers.attention import get_attention_backend
 from mmserve.layers.sampler import LogprobsTensors, Sampler, SamplingMetadata
-from mmserve.models.loader import load_model
 from mmserve.models.registry import family_named
 from mmserve.ops.huge_pages import zeros_on_huge_pages
-from mmserve.worker.compilation import compile_language_model
 from mmserve.worker.cuda_graphs import DecodeGraphs, capture_decode_graphs, graph_sizes, is_decode_only
 from mmserve.worker.encoder_cache import EncoderCache
 from mmserve.worker.host_transfer import to_device
 from mmserve.worker.input_batch import InputBatch, new_request_state
+from mmserve.worker.kernel_plan import load_planned_model
 from mmserve.worker.prompt_logprobs import compute_prompt_logprobs
 from mmserve.worker.sampling_metadata import SamplingMetadataBuilder
 from mmserve.worker.step_inputs import StepInputBuilder, StepInputs, multimodal_scatter_plan
@@ -56,13 +54,14 @@ class ModelRunner:
         self.device = device
         # this rank's KV heads: its share, or the one KV head it replicates
         self.num_kv_heads = kv_heads_per_rank(model_config.num_kv_heads, get_tp_group().world_size)
-        self.attention_backend = get_attention_backend(
-            execution_config.attention_backend, device, getattr(torch, model_config.dtype), self.block_size
+        self.model, self.kernel_plan, self.attention_backend = load_planned_model(
+            model_config,
+            device,
+            execution_config,
+            self.block_size,
+            encoder_data_parallel,
+            get_tp_group().world_size,
         )
-        compiled = not execution_config.enforce_eager and execution_config.compilation.compiles(device.type)
-        self.model = load_model(model_config, self.attention_backend, device, encoder_data_parallel, compiled)
-        if compiled:
-            compile_language_model(self.model, execution_config.compilation)
         self.graph_sizes = graph_sizes(
             execution_config, scheduler_config.max_num_seqs, self.attention_backend, device
         )

@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from mmserve.config import CacheConfig, ExecutionConfig, SchedulerConfig
-from mmserve.layers.fused_decoder_layer import FusesOnCpu
+from mmserve.layers.decoder_layer import PreNormDecoderLayer
+from mmserve.layers.fused_decoder_layer import FusedDecoderLayer
 from mmserve.models.registry import load_model_config
 from mmserve.testing.driver import ChunkedDriver
 from mmserve.testing.reference import Reference, synthetic_image
@@ -31,16 +32,20 @@ def cpu_runner(model_dir, decoder_layer: str, dtype: str) -> ModelRunner:
     return runner
 
 
-def decoder_layers(runner: ModelRunner) -> list[FusesOnCpu]:
-    return [module for module in runner.model.modules() if isinstance(module, FusesOnCpu)]
+def decoder_layers(runner: ModelRunner) -> list[PreNormDecoderLayer | FusedDecoderLayer]:
+    return list(runner.model.language_model.layers)
+
+
+def are_fused(layers: list[PreNormDecoderLayer | FusedDecoderLayer]) -> list[bool]:
+    return [isinstance(layer, FusedDecoderLayer) for layer in layers]
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_fused_layers_match_their_modules_bit_for_bit(model_dir, dtype):
     fused, modules = cpu_runner(model_dir, "fused", dtype), cpu_runner(model_dir, "modules", dtype)
     layers = decoder_layers(fused)  # bfloat16 linears on oneDNN where it computes bfloat16: fused too
-    assert layers and all(layer.fused is not None for layer in layers)
-    assert all(layer.fused is None for layer in decoder_layers(modules))
+    assert layers and all(are_fused(layers))
+    assert not any(are_fused(decoder_layers(modules)))
     reference = Reference(model_dir)
     text = [{"type": "text", "text": "Describe the picture, then count the shapes."}]
     with_image = [{"role": "user", "content": [{"type": "image"}, *text]}]
@@ -65,4 +70,4 @@ def test_layers_off_the_cpu_kernels_stay_unfused(model_dir):
         torch.device("cpu"),
         ExecutionConfig(attention_backend="torch"),
     )
-    assert decoder_layers(runner) and all(layer.fused is None for layer in decoder_layers(runner))
+    assert decoder_layers(runner) and not any(are_fused(decoder_layers(runner)))

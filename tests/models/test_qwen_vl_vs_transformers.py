@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from mmserve.config import CacheConfig, ExecutionConfig, SchedulerConfig
-from mmserve.layers.fused_decoder_layer import FusesOnCpu
+from mmserve.layers.fused_decoder_layer import FusedDecoderLayer
 from mmserve.models.registry import load_model_config
 from mmserve.testing.driver import ChunkedDriver
 from mmserve.testing.reference import PromptInputs, Reference, synthetic_image
@@ -36,9 +36,11 @@ def runner(model_dir, request) -> ModelRunner:
         ExecutionConfig(attention_backend=request.param),
     )
     runner.initialize_kv_cache(num_blocks=1024)
-    layers = [m for m in runner.model.modules() if isinstance(m, FusesOnCpu)]
+    layers = list(runner.model.language_model.layers)
     # the C++ kernels run each decoder layer as one call (tests/models/test_fused_decoder_layer.py)
-    assert layers and all((layer.fused is not None) == (request.param == "cpu") for layer in layers)
+    assert layers and all(
+        isinstance(layer, FusedDecoderLayer) == (request.param == "cpu") for layer in layers
+    )
     return runner
 
 

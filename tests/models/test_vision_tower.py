@@ -8,13 +8,20 @@ import torch
 from transformers import AutoModelForImageTextToText
 from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
-from mmserve.layers.attention import get_attention_backend
-from mmserve.models.loader import load_model
+from mmserve.config import ExecutionConfig
 from mmserve.models.registry import load_model_config
 from mmserve.testing.reference import synthetic_image
+from mmserve.worker.kernel_plan import load_planned_model
+
+CPU = torch.device("cpu")
 
 # (width, height): square, landscape, portrait, extreme strips, minimum size, the max_pixels cap
 SIZES = [(224, 224), (300, 200), (150, 450), (28, 560), (900, 30), (56, 56), (1000, 800)]
+
+
+def built_model(config, attention_backend: str):
+    """The model loaded with the kernels `attention_backend` implies, as a worker builds it."""
+    return load_planned_model(config, CPU, ExecutionConfig(attention_backend=attention_backend), 16)[0]
 
 
 @pytest.fixture(scope="module", params=["torch", "cpu"])
@@ -22,7 +29,7 @@ def towers(model_dir, request):
     """Both CPU kernel sets: the torch reference and the C++ kernels."""
     ref = AutoModelForImageTextToText.from_pretrained(model_dir, dtype=torch.float32).eval()
     config = load_model_config(model_dir, dtype="float32")
-    ours = load_model(config, get_attention_backend(request.param, torch.device("cpu")), torch.device("cpu"))
+    ours = built_model(config, request.param)
     return ref, ours, Qwen2VLImageProcessorPil.from_pretrained(model_dir)
 
 
@@ -73,11 +80,10 @@ def test_bf16_tower_computes_in_float32_where_that_is_faster(model_dir):
     """load_model: where float32 outruns bfloat16 (AVX512-BF16 without AMX) a bf16 model's tower
     is float32; either way its embeddings come out in bfloat16, within bf16 resolution of the
     float32 tower's."""
-    from mmserve.ops.linear import float32_outruns_bfloat16
+    from mmserve.worker.kernel_plan import float32_outruns_bfloat16
 
-    backend = get_attention_backend("cpu", torch.device("cpu"))
-    bf16 = load_model(load_model_config(model_dir, dtype="bfloat16"), backend, torch.device("cpu"))
-    fp32 = load_model(load_model_config(model_dir, dtype="float32"), backend, torch.device("cpu"))
+    bf16 = built_model(load_model_config(model_dir, dtype="bfloat16"), "cpu")
+    fp32 = built_model(load_model_config(model_dir, dtype="float32"), "cpu")
     tower_dtypes = {p.dtype for p in bf16.visual.parameters()}  # norms: linears hold their weights
     assert tower_dtypes == {torch.float32 if float32_outruns_bfloat16() else torch.bfloat16}
     processor = Qwen2VLImageProcessorPil.from_pretrained(model_dir)

@@ -9,10 +9,12 @@ picks the fastest that works on the device).
 
 from mmserve.config import ATTENTION_BACKENDS
 from mmserve.layers.attention.backend import AttentionBackend, AttentionMetadata
+from mmserve.layers.attention.layer import Attention
 from mmserve.layers.attention.selector import get_attention_backend, resolve_attention_backend
 
 __all__ = [
     "ATTENTION_BACKENDS",
+    "Attention",
     "AttentionBackend",
     "AttentionMetadata",
     "get_attention_backend",

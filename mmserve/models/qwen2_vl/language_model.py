@@ -13,15 +13,14 @@ import torch
 from torch import nn
 
 from mmserve.layers.activation import SiluAndMul
-from mmserve.layers.attention import AttentionBackend, AttentionMetadata
-from mmserve.layers.fused_decoder_layer import FusedDecoderLayer, FusesOnCpu
+from mmserve.layers.attention import Attention, AttentionMetadata
+from mmserve.layers.decoder_layer import PreNormDecoderLayer
 from mmserve.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
 from mmserve.layers.norm import RMSNorm
 from mmserve.layers.rotary import InterleavedMRotaryEmbedding, MRotaryEmbedding
 from mmserve.layers.vocab_embedding import VocabParallelEmbedding
 from mmserve.layers.weights import CheckpointTensor, load_parameter
 from mmserve.models.qwen2_vl.config import QwenVLConfig
-from mmserve.ops.linear import OneDnnLinear, PanelLinear
 
 # checkpoint name fragment → (fused parameter fragment, shard index)
 STACKED_PARAMS = {
@@ -34,7 +33,7 @@ STACKED_PARAMS = {
 
 
 class Qwen2Attention(nn.Module):
-    def __init__(self, config: QwenVLConfig, rotary: MRotaryEmbedding, backend: AttentionBackend) -> None:
+    def __init__(self, config: QwenVLConfig, rotary: MRotaryEmbedding) -> None:
         super().__init__()
         self.head_dim = config.head_dim
         self.qkv_proj = QKVParallelLinear(
@@ -46,8 +45,7 @@ class Qwen2Attention(nn.Module):
         self.kv_size = self.num_kv_heads * self.head_dim
         self.o_proj = RowParallelLinear(config.num_heads * self.head_dim, config.hidden_size, bias=False)
         self.rotary = rotary
-        self.backend = backend
-        self.scale = self.head_dim**-0.5
+        self.attn = Attention(self.num_heads, self.num_kv_heads, self.head_dim, scale=self.head_dim**-0.5)
 
     def normalize_qk(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Per-head normalisation before the rotary embedding: none in Qwen2."""
@@ -70,7 +68,7 @@ class Qwen2Attention(nn.Module):
         k = k.view(num_tokens, self.num_kv_heads, self.head_dim)
         v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
         q, k = self.rotary(positions, *self.normalize_qk(q, k))
-        attn = self.backend.forward(q, k, v, kv_cache, metadata, self.scale)  # [T, H, D]
+        attn = self.attn(q, k, v, kv_cache, metadata)  # [T, H, D]
         return self.o_proj(attn.reshape(num_tokens, self.q_size))
 
 
@@ -85,58 +83,15 @@ class Qwen2MLP(nn.Module):
         return self.down_proj(self.act(self.gate_up_proj(x)))
 
 
-class Qwen2DecoderLayer(FusesOnCpu, nn.Module):
+class Qwen2DecoderLayer(PreNormDecoderLayer):
     attention_class: type[Qwen2Attention] = Qwen2Attention
 
-    def __init__(self, config: QwenVLConfig, rotary: MRotaryEmbedding, backend: AttentionBackend) -> None:
+    def __init__(self, config: QwenVLConfig, rotary: MRotaryEmbedding) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.self_attn = self.attention_class(config, rotary, backend)
+        self.self_attn = self.attention_class(config, rotary)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = Qwen2MLP(config.hidden_size, config.intermediate_size)
-
-    def forward(
-        self,
-        positions: torch.Tensor,  # [3, T]
-        x: torch.Tensor,  # [T, hidden]: the previous layer's output (its MLP's)
-        residual: torch.Tensor | None,  # [T, hidden]: the stream before that output; None first
-        kv_cache: torch.Tensor,
-        metadata: AttentionMetadata,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """The pre-norm block x + attn(norm(x)), then + mlp(norm(·)), with each residual add
-        fused into the norm after it: returns (this layer's MLP output, the stream before it)."""
-        if self.fused is not None:
-            return self.fused(positions, x, residual, kv_cache, metadata)
-        if residual is None:
-            residual, x = x, self.input_layernorm(x)
-        else:
-            x, residual = self.input_layernorm(x, residual)
-        x = self.self_attn(positions, x, kv_cache, metadata)
-        x, residual = self.post_attention_layernorm(x, residual)
-        return self.mlp(x), residual
-
-    def fuse(self) -> bool:
-        attn = self.self_attn
-        linears = (attn.qkv_proj, attn.o_proj, self.mlp.gate_up_proj, self.mlp.down_proj)
-        packed = all(isinstance(linear.linear_method, PanelLinear | OneDnnLinear) for linear in linears)
-        if attn.backend.name != "cpu" or not packed or attn.o_proj.group.world_size != 1:
-            return False
-        self.fused = FusedDecoderLayer(
-            weights=[
-                self.input_layernorm.weight,
-                *(linear.linear_method.packed for linear in linears[:2]),
-                self.post_attention_layernorm.weight,
-                *(linear.linear_method.packed for linear in linears[2:]),
-            ],
-            qkv_bias=attn.qkv_proj.bias,
-            qk_norms=attn.qk_norm_weights(),
-            rotary=attn.rotary,
-            num_heads=attn.num_heads,
-            num_kv_heads=attn.num_kv_heads,
-            eps=self.input_layernorm.eps,
-            scale=attn.scale,
-        )
-        return True
 
 
 class Qwen2Model(nn.Module):
@@ -144,7 +99,7 @@ class Qwen2Model(nn.Module):
 
     decoder_layer_class: type[Qwen2DecoderLayer] = Qwen2DecoderLayer
 
-    def __init__(self, config: QwenVLConfig, backend: AttentionBackend) -> None:
+    def __init__(self, config: QwenVLConfig) -> None:
         super().__init__()
         self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size)
         # One rotary table shared by every layer (a submodule of this model, not of the layers).
@@ -153,7 +108,7 @@ class Qwen2Model(nn.Module):
             config.head_dim, config.rope_theta, config.mrope_section, config.max_model_len + 1
         )
         self.layers = nn.ModuleList(
-            self.decoder_layer_class(config, self.rotary, backend) for _ in range(config.num_layers)
+            self.decoder_layer_class(config, self.rotary) for _ in range(config.num_layers)
         )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 

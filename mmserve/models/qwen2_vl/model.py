@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from mmserve.distributed.parallel_state import SINGLE_RANK, get_tp_group
-from mmserve.layers.attention import AttentionBackend, AttentionMetadata
+from mmserve.layers.attention import AttentionMetadata
 from mmserve.layers.vocab_embedding import ParallelLMHead
 from mmserve.layers.weights import CheckpointTensor, load_parameter
 from mmserve.models.qwen2_vl.config import QwenVLConfig
@@ -34,14 +34,12 @@ def normalize_checkpoint_name(name: str) -> str:
 
 
 class Qwen2VLForConditionalGeneration(nn.Module):
-    """Vision tower + Qwen2 language model + LM head; the model runner's one model interface."""
+    """Vision tower + Qwen2 language model + LM head (`mmserve.models.interface.MultiModalModel`)."""
 
     vision_tower_class: type[nn.Module] = Qwen2VisionTransformer
     language_model_class: type[Qwen2Model] = Qwen2Model
 
-    def __init__(
-        self, config: QwenVLConfig, backend: AttentionBackend, encoder_data_parallel: bool = False
-    ) -> None:
+    def __init__(self, config: QwenVLConfig, encoder_data_parallel: bool = False) -> None:
         super().__init__()
         self.config = config
         self.tp_group = get_tp_group()
@@ -50,10 +48,18 @@ class Qwen2VLForConditionalGeneration(nn.Module):
         self.visual = self.vision_tower_class(
             config.vision, SINGLE_RANK if self.encoder_data_parallel else self.tp_group
         )
-        self.model = self.language_model_class(config, backend)
+        self.model = self.language_model_class(config)
         self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size)
         if config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
+
+    @property
+    def vision_tower(self) -> nn.Module:
+        return self.visual
+
+    @property
+    def language_model(self) -> nn.Module:
+        return self.model
 
     def encode_images(self, pixel_values: list[torch.Tensor], grid_thw: Sequence[Grid]) -> list[torch.Tensor]:
         """Run the vision tower once over several images or videos → one [num_tokens_i, width]

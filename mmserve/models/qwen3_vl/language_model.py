@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from mmserve.layers.attention import AttentionBackend, AttentionMetadata
+from mmserve.layers.attention import AttentionMetadata
 from mmserve.layers.norm import RMSNorm
 from mmserve.layers.rotary import MRotaryEmbedding
 from mmserve.models.qwen2_vl.config import QwenVLConfig
@@ -19,8 +19,8 @@ from mmserve.models.qwen2_vl.language_model import Qwen2Attention, Qwen2DecoderL
 
 
 class Qwen3Attention(Qwen2Attention):
-    def __init__(self, config: QwenVLConfig, rotary: MRotaryEmbedding, backend: AttentionBackend) -> None:
-        super().__init__(config, rotary, backend)
+    def __init__(self, config: QwenVLConfig, rotary: MRotaryEmbedding) -> None:
+        super().__init__(config, rotary)
         self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
         self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from mmserve.layers.attention import AttentionBackend, AttentionMetadata
+from mmserve.layers.attention import AttentionMetadata
 from mmserve.models.qwen2_vl.config import QwenVLConfig
 from mmserve.models.qwen2_vl.model import Qwen2VLForConditionalGeneration
 from mmserve.models.qwen3_vl.language_model import Qwen3Model
@@ -23,10 +23,8 @@ class Qwen3VLForConditionalGeneration(Qwen2VLForConditionalGeneration):
     vision_tower_class = Qwen3VisionTransformer
     language_model_class = Qwen3Model
 
-    def __init__(
-        self, config: QwenVLConfig, backend: AttentionBackend, encoder_data_parallel: bool = False
-    ) -> None:
-        super().__init__(config, backend, encoder_data_parallel)
+    def __init__(self, config: QwenVLConfig, encoder_data_parallel: bool = False) -> None:
+        super().__init__(config, encoder_data_parallel)
         # (visual rows, DeepStack features) of the step being run: set by
         # merge_multimodal_embeddings, taken by the forward that follows it
         self._deepstack: tuple[torch.Tensor, torch.Tensor] | None = None

@@ -1,7 +1,7 @@
 """Vision-tower attention: bidirectional within each packed segment, all segments in one launch.
 
-Segments are the rows [cu_seqlens[s], cu_seqlens[s + 1]) of one image (or one window of
-Qwen2.5-VL's windowed layers). Each program owns BLOCK_M rows of one segment for one head and
+Segments are the rows [cu_seqlens[s], cu_seqlens[s + 1]) of one image (or one window of a
+tower's windowed layers). Each program owns BLOCK_M rows of one segment for one head and
 streams that segment's keys and values tile by tile with an online softmax.
 """
 

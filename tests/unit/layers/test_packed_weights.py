@@ -13,6 +13,7 @@ from mmserve.layers.packed_weights import pack_linear_weights, weight_bytes
 from mmserve.layers.vocab_embedding import ParallelLMHead, VocabParallelEmbedding
 from mmserve.layers.weights import CheckpointTensor, load_parameter
 from mmserve.ops import linear, reference
+from mmserve.worker.kernel_plan import cpu_linear_method
 
 
 class Tiny(nn.Module):
@@ -50,7 +51,7 @@ def test_packed_layers_compute_what_the_plain_ones_did(dtype):
     ids = torch.tensor([1, 5, 47, 0, 7])
     with torch.no_grad():
         want = outputs(model, ids)
-        assert pack_linear_weights(model, linear.pack_cpu_linear) == 4
+        assert pack_linear_weights(model, cpu_linear_method) == 4
         got = outputs(model, ids)
     tolerance = {"rtol": 1e-5, "atol": 1e-5} if dtype == torch.float32 else {"rtol": 2**-7, "atol": 1e-3}
     for g, w in zip(got, want, strict=True):
@@ -60,7 +61,7 @@ def test_packed_layers_compute_what_the_plain_ones_did(dtype):
 def test_packing_drops_plain_weights_but_keeps_a_tied_one():
     model = loaded(torch.bfloat16)
     before = weight_bytes(model)
-    pack_linear_weights(model, linear.pack_cpu_linear)
+    pack_linear_weights(model, cpu_linear_method)
     assert model.up.weight is None and model.down.weight is None and model.head.weight is None
     assert model.tied_head.weight is model.embed.weight  # the embedding still looks rows up
     assert model.up.bias is not None
@@ -71,7 +72,7 @@ def test_packing_drops_plain_weights_but_keeps_a_tied_one():
 def test_layers_under_keep_plain_are_not_packed():
     model = loaded(torch.float32)
     mlp = nn.ModuleList([model.up, model.down])
-    pack_linear_weights(model, linear.pack_cpu_linear, keep_plain=mlp)
+    pack_linear_weights(model, cpu_linear_method, keep_plain=mlp)
     assert model.up.linear_method is None and model.up.weight is not None
     assert model.head.linear_method is not None
 
@@ -83,7 +84,7 @@ def test_layers_under_large_rows_only_are_packed_for_large_row_counts():
 
     def pack(weight: torch.Tensor, small_rows: bool) -> linear.LinearMethod:
         calls.append((weight.shape, small_rows))
-        return linear.pack_cpu_linear(weight, small_rows)
+        return cpu_linear_method(weight, small_rows)
 
     pack_linear_weights(model, pack, large_rows_only=mlp)
     assert sorted(calls) == sorted([((48, 16), True), ((32, 16), False), ((16, 32), False), ((48, 16), True)])
@@ -110,7 +111,7 @@ def test_each_tensor_parallel_rank_packs_its_own_slice():
         with use_tp_group(TensorParallelGroup(rank, 2, process_group=None)):
             layer = ColumnParallelLinear(16, 24, bias=False).bfloat16()
         load_parameter(layer.weight, CheckpointTensor.of(weight))
-        pack_linear_weights(layer, linear.pack_cpu_linear)
+        pack_linear_weights(layer, cpu_linear_method)
         assert layer.linear_method.out_features == 12
         parts.append(layer(x))
     torch.testing.assert_close(torch.cat(parts, -1), reference.linear(x, weight), rtol=2**-7, atol=1e-3)

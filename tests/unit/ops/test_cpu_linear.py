@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from mmserve.ops import cpu, linear, reference
+from mmserve.worker import kernel_plan
 
 pytestmark = pytest.mark.usefixtures("parallel_threshold")
 
@@ -194,17 +195,19 @@ def test_onednn_method_matches_f_linear_in_float32(rows):
     assert method(x).shape == (rows, 48)
 
 
-def test_pack_cpu_linear_chooses_by_dtype_and_row_counts():
-    assert isinstance(linear.pack_cpu_linear(torch.randn(8, 8, dtype=torch.float64)), linear.PlainLinear)
-    fp32_decode = linear.pack_cpu_linear(torch.randn(8, 8))
-    fp32_large = linear.pack_cpu_linear(torch.randn(8, 8), small_rows=False)
-    bf16 = linear.pack_cpu_linear(torch.randn(8, 8).bfloat16())
+def test_cpu_linear_method_chooses_by_dtype_and_row_counts():
+    assert isinstance(
+        kernel_plan.cpu_linear_method(torch.randn(8, 8, dtype=torch.float64)), linear.PlainLinear
+    )
+    fp32_decode = kernel_plan.cpu_linear_method(torch.randn(8, 8))
+    fp32_large = kernel_plan.cpu_linear_method(torch.randn(8, 8), small_rows=False)
+    bf16 = kernel_plan.cpu_linear_method(torch.randn(8, 8).bfloat16())
     onednn_fp32, onednn_bf16 = linear.onednn_supports(torch.float32), linear.onednn_supports(torch.bfloat16)
     assert isinstance(fp32_decode, linear.PanelLinear) and fp32_decode.packed.dtype == torch.float32
     assert isinstance(fp32_large, linear.OneDnnLinear if onednn_fp32 else linear.PlainLinear)
-    pair_panels = linear.bf16_panels_lead()
+    pair_panels = kernel_plan.bf16_panels_lead()
     assert isinstance(bf16, linear.OneDnnLinear if onednn_bf16 and not pair_panels else linear.PanelLinear)
-    bf16_large = linear.pack_cpu_linear(torch.randn(8, 8).bfloat16(), small_rows=False)
+    bf16_large = kernel_plan.cpu_linear_method(torch.randn(8, 8).bfloat16(), small_rows=False)
     assert isinstance(bf16_large, linear.OneDnnLinear if onednn_bf16 else linear.PanelLinear)
 
 
@@ -223,15 +226,15 @@ def test_float32_tower_only_where_bf16_dot_products_are_slow(monkeypatch, vendor
     monkeypatch.setenv("MMSERVE_CPU_WIDEN_BF16", "auto")
     monkeypatch.setattr(_extension, "cpu_vendor", lambda: vendor)
     monkeypatch.setattr(_extension, "cpu_flags", lambda: flags)
-    assert linear.float32_outruns_bfloat16.__wrapped__() is widens
+    assert kernel_plan.float32_outruns_bfloat16.__wrapped__() is widens
 
 
 def test_widening_bf16_can_be_turned_off(monkeypatch):
     monkeypatch.setenv("MMSERVE_CPU_WIDEN_BF16", "never")
-    assert linear.float32_outruns_bfloat16.__wrapped__() is False
+    assert kernel_plan.float32_outruns_bfloat16.__wrapped__() is False
     monkeypatch.setenv("MMSERVE_CPU_WIDEN_BF16", "sometimes")
     with pytest.raises(ValueError, match="MMSERVE_CPU_WIDEN_BF16"):
-        linear.float32_outruns_bfloat16.__wrapped__()
+        kernel_plan.float32_outruns_bfloat16.__wrapped__()
 
 
 def test_the_parallel_threshold_is_set_returned_and_never_negative():

@@ -108,16 +108,15 @@ def test_bfloat16_segments_across_row_and_key_blocks_match_reference(num_heads, 
     assert_within_bfloat16_resolution(got, q, k, v, bounds, head_dim**-0.5)
 
 
-def test_cpu_kernel_set_sends_bfloat16_images_to_the_kernel_where_it_leads():
-    """mmserve.ops.kernels: a bfloat16 image goes to csrc's kernel where it runs on vdpbf16ps
-    without AMX or on AMX tiles, to torch's flash kernel elsewhere (the two round differently,
-    so the output tells which ran)."""
-    from mmserve.ops.kernels import cpu_kernels
-    from mmserve.ops.linear import bf16_dot_products_lead
+def test_cpu_vision_attention_sends_bfloat16_images_to_the_kernel_where_it_leads():
+    """mmserve.worker.kernel_plan: a bfloat16 image goes to csrc's kernel where it runs on
+    vdpbf16ps without AMX or on AMX tiles, to torch's flash kernel elsewhere (the two round
+    differently, so the output tells which ran)."""
+    from mmserve.worker.kernel_plan import bf16_dot_products_lead, cpu_vision_attention
 
     generator = torch.Generator().manual_seed(7)
     q, k, v = torch.randn(600, 3, 2, 64, generator=generator).bfloat16().unbind(1)
-    got = cpu_kernels().varlen_attention(q, k, v, [0, 600], 64**-0.5)
+    got = cpu_vision_attention()(q, k, v, [0, 600], 64**-0.5)
     kernel = cpu.varlen_attention(q, k, v, [0, 600], 64**-0.5)
     flash = torch_varlen_attention(q, k, v, [0, 600], 64**-0.5)
     assert not torch.equal(kernel, flash)
