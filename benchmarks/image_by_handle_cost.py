@@ -1,7 +1,8 @@
 """What a new image costs the API server process, with its pixels copied into the request (as
 before handles) and by shared-memory handle: process CPU time (all threads, ZeroMQ's I/O thread
 included) from the chat messages to the request sent to a stand-in EngineCore in another
-process, which reads the request as EngineCore does (handles resolved) and acknowledges it.
+process, which reads the request as EngineCore does (into its pixel store: handles read) and
+acknowledges it.
 Each request brings an image the pool has not seen: decoding and preprocessing run in the
 pool's worker process, not counted here; hashing the bytes is. The stand-in's CPU per request
 is reported too (what receiving costs EngineCore).
@@ -23,7 +24,7 @@ import time
 import zmq
 
 from mmserve import protocol
-from mmserve.core.pixel_handles import resolve_handles
+from mmserve.core.pixel_store import PixelStore
 from mmserve.engine_args import EngineArgs
 from mmserve.frontend.factory import build_frontend
 from mmserve.frontend.media import MediaLoader
@@ -43,11 +44,13 @@ def stand_in_engine(inbox: str, outbox: str, count: int) -> None:
     pull.connect(inbox)
     push.connect(outbox)
     samples = []
+    store = PixelStore()
     for _ in range(count):
         start = time.process_time()  # CPU only: the wait for the request costs none
         frames = [frame.buffer for frame in pull.recv_multipart(copy=False)]
         request = protocol.decode_add(frames)
-        released = resolve_handles(request.mm_features)
+        released = store.apply(request).released_handles
+        store.pixels_of(request.mm_features)
         samples.append(time.process_time() - start)
         push.send_json(released)
     push.send_json(statistics.median(samples))
@@ -69,6 +72,7 @@ def measure(frontend, urls: list[str], by_handle: bool) -> tuple[list[float], fl
     """(API process CPU ms per request, the stand-in's median CPU ms, pixel MB sent per request)."""
     inputs, media = frontend.inputs, frontend.inputs.media
     media.by_handle = by_handle
+    media.mirror.reset()  # a new stand-in: its store is empty
     directory = tempfile.mkdtemp(prefix="mmserve-bench-")
     ctx = zmq.Context()
     push, pull = ctx.socket(zmq.PUSH), ctx.socket(zmq.PULL)
@@ -85,7 +89,7 @@ def measure(frontend, urls: list[str], by_handle: bool) -> tuple[list[float], fl
         start = time.process_time()
         prompt = inputs.chat(messages)
         request = media.engine_request(prompt, f"r{index}", params, time.monotonic())
-        prompt.release_shared()
+        prompt.release()
         frames = protocol.encode_add(request)
         pixel_bytes += sum(memoryview(frame).nbytes for frame in frames[2:])
         push.send_multipart(frames, copy=False)

@@ -64,7 +64,8 @@ def build_frontend(
     chat_template: str | None = None,
 ) -> Frontend:
     """Read the model folder's tokenizer and preprocessor config and start the preprocess pool
-    (`config.multimodal.preprocess_workers` processes; 0 = in this process). Special-token text
+    (`config.multimodal.preprocess_workers` processes; 0 = in this process), its cache and the
+    engine's pixel store each bounded by `config.multimodal.processor_cache_bytes`. Special-token text
     in chat messages is plain text unless `special_tokens_in_content`. `chat_template` (Jinja
     source) replaces the folder's; `config.multimodal.processor_kwargs` override the
     preprocessor config's pixel bounds, and so enter every image's hash."""
@@ -86,6 +87,7 @@ def build_frontend(
             config.multimodal.max_images_per_prompt,
             video_support(config, tokenizer),
             special_tokens_in_content=special_tokens_in_content,
+            pixel_store_bytes=config.multimodal.processor_cache_bytes,
         )
         default_params = default_sampling_params(
             model_dir, open_ended=open_ended, eos_token_ids=config.model.eos_token_ids

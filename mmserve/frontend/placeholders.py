@@ -7,7 +7,9 @@ order, each modality on its own, as transformers' processors match them.
 
 from __future__ import annotations
 
-from mmserve.frontend.engine_mirror import ByHashImage
+import numpy as np
+
+from mmserve.frontend.pixel_store_mirror import ByHashImage
 from mmserve.frontend.video_inputs import VIDEO_PAD, VideoTokens
 from mmserve.protocol import MultiModalFeature, PixelHandle
 from preprocess import ProcessedImage
@@ -24,11 +26,11 @@ def expand_placeholders(
     processed: list[ProcessedImage | ByHashImage],
     image_pad_id: int,
     videos: VideoTokens | None,
-) -> tuple[list[int], list[MultiModalFeature]]:
-    """`processed`: the prompt's images and videos (each modality in prompt order). An image's
-    feature names its pixels in shared memory (`pixel_handle`, not pinned yet: see
-    `ProcessedPrompt.engine_request`) or, sent by hash, has none; a video's pixels are copied
-    out. Releasing `processed` is the caller's."""
+) -> tuple[list[int], list[MultiModalFeature], dict[str, np.ndarray]]:
+    """`processed`: the prompt's images and videos (each modality in prompt order). Returns the
+    expanded token ids, the features (no pixels: an image's stay in the pool's shared memory or,
+    sent by hash, in the engine) and each video item's pixels, copied out, by mm_hash.
+    Releasing `processed` is the caller's."""
     images = [p for p in processed if p.video_info is None]
     clips = [p for p in processed if p.video_info is not None]
     video_pad_id = videos.pad_id if videos is not None else -1
@@ -37,6 +39,7 @@ def expand_placeholders(
     next_image, next_clip = iter(images), iter(clips)
     expanded: list[int] = []
     features: list[MultiModalFeature] = []
+    arrays: dict[str, np.ndarray] = {}
     previous = 0
     for position, token in enumerate(token_ids):
         if token != image_pad_id and token != video_pad_id:
@@ -45,28 +48,18 @@ def expand_placeholders(
         previous = position + 1
         if token == image_pad_id:
             image = next(next_image)
-            by_hash = isinstance(image, ByHashImage)  # the engine holds it (see engine_mirror)
-            handle = None if by_hash else pixel_handle(image)
-            features.append(
-                MultiModalFeature(
-                    image.mm_hash,
-                    len(expanded),
-                    image.num_tokens,
-                    image.grid_thw,
-                    by_hash=by_hash,
-                    pixel_handle=handle,
-                )
-            )
+            features.append(MultiModalFeature(image.mm_hash, len(expanded), image.num_tokens, image.grid_thw))
             expanded.extend([image_pad_id] * image.num_tokens)
         else:
-            tokens, video_features = videos.expand(next(next_clip), len(expanded))
+            tokens, video_features, video_pixels = videos.expand(next(next_clip), len(expanded))
             features.extend(video_features)
+            arrays.update(video_pixels)
             expanded.extend(tokens)
     expanded.extend(token_ids[previous:])
-    return expanded, features
+    return expanded, features, arrays
 
 
-def pixel_handle(image: ProcessedImage, use_id: int = 0) -> PixelHandle:
+def pixel_handle(image: ProcessedImage, use_id: int) -> PixelHandle:
     """Where `image`'s pixels are, for EngineCore; `use_id` names the pool's pin for one send."""
     handle = image.handle
     return PixelHandle(handle.shm_name, tuple(handle.shape), handle.dtype, image.digest, use_id)

@@ -123,24 +123,28 @@ class VideoTokens:
     temporal_patch_size: int
     encode: Any  # text → token ids
 
-    def expand(self, processed: ProcessedImage, offset: int) -> tuple[list[int], list[MultiModalFeature]]:
-        """The token ids replacing one `<|video_pad|>` at `offset`, and the video's features."""
+    def expand(
+        self, processed: ProcessedImage, offset: int
+    ) -> tuple[list[int], list[MultiModalFeature], dict[str, np.ndarray]]:
+        """The token ids replacing one `<|video_pad|>` at `offset`, the video's features, and
+        their pixels (copied out of the pool) by mm_hash."""
         pixels = np.array(processed.pixel_values)
         grid_t, gh, gw = processed.grid_thw
         feature = MultiModalFeature(
-            processed.mm_hash, offset, processed.num_tokens, (grid_t, gh, gw), pixels, modality="video"
+            processed.mm_hash, offset, processed.num_tokens, (grid_t, gh, gw), modality="video"
         )
         if self.family != "qwen3_vl":
             seconds = self.temporal_patch_size / sampled_fps(processed)
-            return [self.pad_id] * processed.num_tokens, [
-                replace(feature, seconds_per_temporal_patch=seconds)
-            ]
+            return (
+                [self.pad_id] * processed.num_tokens,
+                [replace(feature, seconds_per_temporal_patch=seconds)],
+                {feature.mm_hash: pixels},
+            )
         per_frame = processed.num_tokens // grid_t
         tokens: list[int] = []
         features = []
         for index, seconds in enumerate(frame_timestamps(processed, self.temporal_patch_size)):
             tokens += [*self.encode(f"<{seconds:.1f} seconds>"), self.vision_start_id]
-            rows = slice(index * gh * gw, (index + 1) * gh * gw)
             features.append(
                 replace(
                     feature,
@@ -148,11 +152,11 @@ class VideoTokens:
                     offset=offset + len(tokens),
                     length=per_frame,
                     grid_thw=(1, gh, gw),
-                    pixel_values=pixels[rows],
                 )
             )
             tokens += [self.pad_id] * per_frame + [self.vision_end_id]
-        return tokens, features
+        frame_pixels = {f.mm_hash: pixels[i * gh * gw : (i + 1) * gh * gw] for i, f in enumerate(features)}
+        return tokens, features, frame_pixels
 
 
 @dataclass(frozen=True)

@@ -158,7 +158,8 @@ class ModelRunner:
 
     def _run_encoder(self, scheduler_output: SchedulerOutput) -> int:
         """Encode, in one vision-tower call, every image scheduled for encoding this step (the
-        scheduler lists each image once, and only images this cache does not hold)."""
+        scheduler lists each image once, and only images this cache does not hold), from the
+        pixels the step carries."""
         features = [
             self.batch.states[req_id].mm_features[index]
             for req_id, indices in scheduler_output.scheduled_encoder_inputs.items()
@@ -166,10 +167,11 @@ class ModelRunner:
         ]
         if not features:
             return 0
-        for f in features:
-            if f.pixel_values is None:
-                raise RuntimeError(f"image {f.mm_hash} is scheduled for encoding but has no pixels")
-        arrays = one_width([f.pixel_values for f in features], self.model_config.vision)
+        step_pixels = scheduler_output.encoder_pixels
+        missing = [f.mm_hash for f in features if f.mm_hash not in step_pixels]
+        if missing:
+            raise RuntimeError(f"images {missing} are scheduled for encoding without their pixels")
+        arrays = one_width([step_pixels[f.mm_hash] for f in features], self.model_config.vision)
         # One image (the usual step) is used as it is: a concatenated copy would cost a pass over
         # its pixels and the page faults of a fresh array. torch wants writable memory.
         single = len(arrays) == 1 and arrays[0].flags.writeable
