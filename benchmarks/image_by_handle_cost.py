@@ -5,7 +5,10 @@ process, which reads the request as EngineCore does (into its pixel store: handl
 acknowledges it.
 Each request brings an image the pool has not seen: decoding and preprocessing run in the
 pool's worker process, not counted here; hashing the bytes is. The stand-in's CPU per request
-is reported too (what receiving costs EngineCore).
+is reported too (what receiving costs EngineCore). Its pixel store is full, as a running
+server's soon is: each new image evicts the one before, whose memory the next reuses;
+`--filling-store` keeps --mm-processor-cache-gb's 1 GiB instead, so the store only grows and
+each image's memory is touched for the first time (page faults the receive CPU includes).
 
     .venv/bin/python -m benchmarks.image_by_handle_cost --size 1024 768 --requests 20
 """
@@ -68,11 +71,15 @@ def new_images(count: int, size: tuple[int, int], seed: int) -> list[str]:
     return urls
 
 
-def measure(frontend, urls: list[str], by_handle: bool) -> tuple[list[float], float, float]:
+def measure(
+    frontend, urls: list[str], by_handle: bool, filling_store: bool = False
+) -> tuple[list[float], float, float]:
     """(API process CPU ms per request, the stand-in's median CPU ms, pixel MB sent per request)."""
     inputs, media = frontend.inputs, frontend.inputs.media
     media.by_handle = by_handle
     media.mirror.reset()  # a new stand-in: its store is empty
+    if not filling_store:
+        media.mirror.capacity_bytes = 0  # full: each request evicts the image before
     directory = tempfile.mkdtemp(prefix="mmserve-bench-")
     ctx = zmq.Context()
     push, pull = ctx.socket(zmq.PUSH), ctx.socket(zmq.PULL)
@@ -109,6 +116,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--size", type=int, nargs=2, default=(1024, 768))
     parser.add_argument("--requests", type=int, default=20)
+    parser.add_argument("--filling-store", action="store_true", help="the stand-in's store only grows")
     args = parser.parse_args()
     config = EngineArgs(
         model=checkpoint("qwen2_vl"),
@@ -122,7 +130,7 @@ def main() -> None:
         result = {"image": f"{args.size[0]}x{args.size[1]} JPEG, a new one per request"}
         for name, by_handle, seed in (("copied", False, 0), ("by_handle", True, 1000)):
             samples, engine_ms, pixel_mb = measure(
-                frontend, new_images(args.requests, tuple(args.size), seed), by_handle
+                frontend, new_images(args.requests, tuple(args.size), seed), by_handle, args.filling_store
             )
             result[name] = {
                 "api_cpu_ms_median": round(statistics.median(samples), 2),

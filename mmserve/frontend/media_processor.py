@@ -37,7 +37,7 @@ class MediaProcessor:
         # Images go to EngineCore by handle; False: their pixels are copied into the messages
         # (as before handles, kept for comparison and for a reader without access to /dev/shm).
         self.by_handle = True
-        self._last_sent: tuple[EngineRequest | None, StoreChange] = (None, StoreChange())  # for `not_sent`
+        self._last_change = ("", StoreChange())  # (request id, its store changes), for `not_sent`
 
     # ------------------------------------------------------------------ building a prompt
 
@@ -120,8 +120,9 @@ class MediaProcessor:
         on an event loop, without yielding between this call and the socket send — or, if it
         cannot be sent, call `not_sent(request)` at once."""
         items = {f.mm_hash: self._stored_item(prompt, f) for f in prompt.features}
-        holds = prompt.holds if prompt.holds is not None else self.mirror.holds()
-        change = self.mirror.commit(items, holds)
+        if prompt.holds is None:
+            prompt.holds = self.mirror.holds()
+        change = self.mirror.commit(items, prompt.holds)
         handles: dict[str, PixelHandle] = {}
         arrays: dict[str, np.ndarray] = {}
         try:
@@ -149,16 +150,16 @@ class MediaProcessor:
             mm_arrays=arrays,
         )
         self._count_sent(request)
-        self._last_sent = (request, change)
+        self._last_change = (request_id, change)
         return request
 
     def not_sent(self, request: EngineRequest) -> None:
         """`request`, the last `engine_request` made, could not be sent: its store changes are
         undone and its handles unpinned."""
-        last, change = self._last_sent
-        if last is not request:
+        request_id, change = self._last_change
+        if request_id != request.request_id:
             raise RuntimeError(f"{request.request_id} is not the last request made: it cannot be undone")
-        self._last_sent = (None, StoreChange())
+        self._last_change = ("", StoreChange())
         self.mirror.undo(change)
         self.release_handles(handle_ids(request))
 
