@@ -71,15 +71,13 @@ def new_images(count: int, size: tuple[int, int], seed: int) -> list[str]:
     return urls
 
 
-def measure(
-    frontend, urls: list[str], by_handle: bool, filling_store: bool = False
-) -> tuple[list[float], float, float]:
-    """(API process CPU ms per request, the stand-in's median CPU ms, pixel MB sent per request)."""
+def measure(frontend, urls: list[str], by_handle: bool, store_bytes: int) -> tuple[list[float], float, float]:
+    """(API process CPU ms per request, the stand-in's median CPU ms, pixel MB sent per request);
+    `store_bytes`: the stand-in's store capacity (0: each request evicts the image before)."""
     inputs, media = frontend.inputs, frontend.inputs.media
     media.by_handle = by_handle
     media.mirror.reset()  # a new stand-in: its store is empty
-    if not filling_store:
-        media.mirror.capacity_bytes = 0  # full: each request evicts the image before
+    media.mirror.capacity_bytes = store_bytes
     directory = tempfile.mkdtemp(prefix="mmserve-bench-")
     ctx = zmq.Context()
     push, pull = ctx.socket(zmq.PUSH), ctx.socket(zmq.PULL)
@@ -124,13 +122,14 @@ def main() -> None:
         mm_processor_kwargs={"max_pixels": QWEN_MAX_PIXELS},
     ).create_engine_config()
     frontend = build_frontend(config, MediaLoader(), open_ended=True)
+    store_bytes = config.multimodal.processor_cache_bytes if args.filling_store else 0
     try:
         frontend.pool.wait_ready()
-        measure(frontend, new_images(2, tuple(args.size), seed=10_000), by_handle=True)  # warm up
+        measure(frontend, new_images(2, tuple(args.size), seed=10_000), True, store_bytes)  # warm up
         result = {"image": f"{args.size[0]}x{args.size[1]} JPEG, a new one per request"}
         for name, by_handle, seed in (("copied", False, 0), ("by_handle", True, 1000)):
             samples, engine_ms, pixel_mb = measure(
-                frontend, new_images(args.requests, tuple(args.size), seed), by_handle, args.filling_store
+                frontend, new_images(args.requests, tuple(args.size), seed), by_handle, store_bytes
             )
             result[name] = {
                 "api_cpu_ms_median": round(statistics.median(samples), 2),
