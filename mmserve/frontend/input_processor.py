@@ -238,7 +238,7 @@ class InputProcessor:
         return token_ids
 
     def _build(
-        self, text: str | None, token_ids: list[int], processed: list[Processed], holds: Holds
+        self, text: str | None, token_ids: list[int], processed: list[Processed], holds: Holds | None
     ) -> ProcessedPrompt:
         """Expand each placeholder to its item's tokens. An image's pixels stay in shared memory,
         held by the prompt until it is sent (a video's are copied out, and its segment let go)."""
@@ -250,7 +250,8 @@ class InputProcessor:
         except BaseException as e:
             for item in processed:
                 item.release()
-            holds.release()
+            if holds is not None:
+                holds.release()
             if isinstance(e, PlaceholderMismatch):
                 raise PromptError(str(e), "prompt") from None
             raise

@@ -41,9 +41,11 @@ class MediaProcessor:
 
     # ------------------------------------------------------------------ building a prompt
 
-    def process_all(self, inputs: list) -> tuple[list[Processed], Holds]:
+    def process_all(self, inputs: list) -> tuple[list[Processed], Holds | None]:
         """Each input as sent by hash (the engine holds it: held for the prompt) or processed by
-        the pool; release the processed items and the holds when done."""
+        the pool; release the processed items and the holds (None: no inputs) when done."""
+        if not inputs:
+            return [], None
         holds = self.mirror.holds()
         processed: list[Processed] = []
         try:
@@ -60,7 +62,9 @@ class MediaProcessor:
             raise
         return processed, holds
 
-    async def process_all_async(self, inputs: list) -> tuple[list[Processed], Holds]:
+    async def process_all_async(self, inputs: list) -> tuple[list[Processed], Holds | None]:
+        if not inputs:
+            return [], None
         holds = self.mirror.holds()
         results = await asyncio.gather(
             *(self._process_one_async(item, holds) for item in inputs), return_exceptions=True
@@ -119,6 +123,15 @@ class MediaProcessor:
         changes the mirror has just committed for it. Send it before anything else commits —
         on an event loop, without yielding between this call and the socket send — or, if it
         cannot be sent, call `not_sent(request)` at once."""
+        if not prompt.features:  # nothing to decide (what the store drops goes with the next image)
+            return EngineRequest(
+                request_id=request_id,
+                prompt_token_ids=prompt.token_ids,
+                mm_features=[],
+                sampling_params=params,
+                arrival_time=arrival_time,
+                priority=priority,
+            )
         items = {f.mm_hash: self._stored_item(prompt, f) for f in prompt.features}
         if prompt.holds is None:
             prompt.holds = self.mirror.holds()
@@ -156,6 +169,8 @@ class MediaProcessor:
     def not_sent(self, request: EngineRequest) -> None:
         """`request`, the last `engine_request` made, could not be sent: its store changes are
         undone and its handles unpinned."""
+        if not request.mm_features:
+            return
         request_id, change = self._last_change
         if request_id != request.request_id:
             raise RuntimeError(f"{request.request_id} is not the last request made: it cannot be undone")

@@ -114,8 +114,11 @@ class PixelStoreMirror:
         not hold: the request could only fail there."""
         with self._lock:
             self._apply_given_back()
-            lost = [h for h, item in items.items() if item is None and h not in self._entries]
-            lost = [h for h in lost if h not in self._unlisted]  # (unlisted: unreadable, failed there)
+            lost = [  # (an unlisted one is unreadable: the request fails in the engine, clearly)
+                h
+                for h, item in items.items()
+                if item is None and h not in self._entries and h not in self._unlisted
+            ]
             if lost:
                 raise RuntimeError(f"items {lost} have no pixels here and are not in the engine's store")
             change = StoreChange()

@@ -34,7 +34,7 @@ class ProcessedPrompt:
         features: list[MultiModalFeature],
         arrays: dict[str, np.ndarray],
         processed: list,
-        holds: Holds,
+        holds: Holds | None,
     ) -> ProcessedPrompt:
         """The prompt, keeping the first of `processed`'s references to each image's segment
         (the others, and videos' whose pixels are in `arrays`, are released)."""
