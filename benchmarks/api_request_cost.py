@@ -36,7 +36,7 @@ from mmserve.frontend.chat_parsing import parse_messages
 from mmserve.frontend.factory import build_frontend
 from mmserve.frontend.media import MediaLoader
 from mmserve.frontend.params import prepare_params
-from mmserve.frontend.placeholders import expand_placeholders
+from mmserve.frontend.placeholders import expand_placeholders, pixel_handle
 from mmserve.outputs import RequestOutputKind
 from mmserve.protocol import EngineCoreOutput, EngineRequest, encode_add
 from preprocess import hashing
@@ -71,9 +71,10 @@ def one_request(frontend, body: bytes, output_ids: list[int], stages: Stages, in
     text = stages.time("chat template", inputs._render, template_messages, items, {})
     token_ids = stages.time("tokenise", inputs._encode, text)
     processed = stages.time("preprocess (workers)", lambda: [pool.process(item) for item in items])
-    expanded, features = stages.time(
+    expanded, features, _videos = stages.time(
         "placeholders", expand_placeholders, token_ids, processed, inputs.processor
     )
+    handles = {item.mm_hash: pixel_handle(item, 0) for item in processed}  # as sent: by handle
     for item in processed:
         item.release()
     engine_request = EngineRequest(
@@ -82,6 +83,7 @@ def one_request(frontend, body: bytes, output_ids: list[int], stages: Stages, in
         mm_features=features,
         sampling_params=params,
         arrival_time=0.0,
+        mm_handles=handles,
     )
     stages.time("engine request", encode_add, engine_request)
     stages.time("output per token", stream_outputs, frontend, f"r{index}", expanded, params, output_ids)

@@ -1,10 +1,14 @@
 """What a new image costs the API server process, with its pixels copied into the request (as
 before handles) and by shared-memory handle: process CPU time (all threads, ZeroMQ's I/O thread
 included) from the chat messages to the request sent to a stand-in EngineCore in another
-process, which reads the request as EngineCore does (handles resolved) and acknowledges it.
+process, which reads the request as EngineCore does (into its pixel store: handles read) and
+acknowledges it.
 Each request brings an image the pool has not seen: decoding and preprocessing run in the
 pool's worker process, not counted here; hashing the bytes is. The stand-in's CPU per request
-is reported too (what receiving costs EngineCore).
+is reported too (what receiving costs EngineCore). Its pixel store is full, as a running
+server's soon is: each new image evicts the one before, whose memory the next reuses;
+`--filling-store` keeps --mm-processor-cache-gb's 1 GiB instead, so the store only grows and
+each image's memory is touched for the first time (page faults the receive CPU includes).
 
     .venv/bin/python -m benchmarks.image_by_handle_cost --size 1024 768 --requests 20
 """
@@ -23,7 +27,7 @@ import time
 import zmq
 
 from mmserve import protocol
-from mmserve.core.pixel_handles import resolve_handles
+from mmserve.core.pixel_store import PixelStore
 from mmserve.engine_args import EngineArgs
 from mmserve.frontend.factory import build_frontend
 from mmserve.frontend.media import MediaLoader
@@ -43,11 +47,13 @@ def stand_in_engine(inbox: str, outbox: str, count: int) -> None:
     pull.connect(inbox)
     push.connect(outbox)
     samples = []
+    store = PixelStore()
     for _ in range(count):
         start = time.process_time()  # CPU only: the wait for the request costs none
         frames = [frame.buffer for frame in pull.recv_multipart(copy=False)]
         request = protocol.decode_add(frames)
-        released = resolve_handles(request.mm_features)
+        released = store.apply(request).released_handles
+        store.pixels_of(request.mm_features)
         samples.append(time.process_time() - start)
         push.send_json(released)
     push.send_json(statistics.median(samples))
@@ -65,10 +71,13 @@ def new_images(count: int, size: tuple[int, int], seed: int) -> list[str]:
     return urls
 
 
-def measure(frontend, urls: list[str], by_handle: bool) -> tuple[list[float], float, float]:
-    """(API process CPU ms per request, the stand-in's median CPU ms, pixel MB sent per request)."""
+def measure(frontend, urls: list[str], by_handle: bool, store_bytes: int) -> tuple[list[float], float, float]:
+    """(API process CPU ms per request, the stand-in's median CPU ms, pixel MB sent per request);
+    `store_bytes`: the stand-in's store capacity (0: each request evicts the image before)."""
     inputs, media = frontend.inputs, frontend.inputs.media
     media.by_handle = by_handle
+    media.mirror.reset()  # a new stand-in: its store is empty
+    media.mirror.capacity_bytes = store_bytes
     directory = tempfile.mkdtemp(prefix="mmserve-bench-")
     ctx = zmq.Context()
     push, pull = ctx.socket(zmq.PUSH), ctx.socket(zmq.PULL)
@@ -85,7 +94,7 @@ def measure(frontend, urls: list[str], by_handle: bool) -> tuple[list[float], fl
         start = time.process_time()
         prompt = inputs.chat(messages)
         request = media.engine_request(prompt, f"r{index}", params, time.monotonic())
-        prompt.release_shared()
+        prompt.release()
         frames = protocol.encode_add(request)
         pixel_bytes += sum(memoryview(frame).nbytes for frame in frames[2:])
         push.send_multipart(frames, copy=False)
@@ -105,6 +114,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--size", type=int, nargs=2, default=(1024, 768))
     parser.add_argument("--requests", type=int, default=20)
+    parser.add_argument("--filling-store", action="store_true", help="the stand-in's store only grows")
     args = parser.parse_args()
     config = EngineArgs(
         model=checkpoint("qwen2_vl"),
@@ -112,13 +122,14 @@ def main() -> None:
         mm_processor_kwargs={"max_pixels": QWEN_MAX_PIXELS},
     ).create_engine_config()
     frontend = build_frontend(config, MediaLoader(), open_ended=True)
+    store_bytes = config.multimodal.processor_cache_bytes if args.filling_store else 0
     try:
         frontend.pool.wait_ready()
-        measure(frontend, new_images(2, tuple(args.size), seed=10_000), by_handle=True)  # warm up
+        measure(frontend, new_images(2, tuple(args.size), seed=10_000), True, store_bytes)  # warm up
         result = {"image": f"{args.size[0]}x{args.size[1]} JPEG, a new one per request"}
         for name, by_handle, seed in (("copied", False, 0), ("by_handle", True, 1000)):
             samples, engine_ms, pixel_mb = measure(
-                frontend, new_images(args.requests, tuple(args.size), seed), by_handle
+                frontend, new_images(args.requests, tuple(args.size), seed), by_handle, store_bytes
             )
             result[name] = {
                 "api_cpu_ms_median": round(statistics.median(samples), 2),

@@ -1,9 +1,10 @@
 """What an image the engine already holds costs the frontend: CPU time of building a chat prompt
-with it and its engine request (sent by hash), minus that of the same without the image and of
-decoding the data URL's base64 and hashing the bytes, which any request with that image pays.
-Also the same with the image's pixels (the engine does not hold it: a pool cache hit), for
-scale: copied into the request, and by shared-memory handle (benchmarks/image_by_handle_cost.py
-measures a new image end to end).
+with it and its engine request (sent by hash: the mirror of the engine's pixel store lists it),
+minus that of the same without the image and of decoding the data URL's base64 and hashing the
+bytes, which any request with that image pays. Also the same with the image's pixels (the
+mirror has forgotten it, untimed, before each call: a pool cache hit), for scale: copied into
+the request, and by shared-memory handle (benchmarks/image_by_handle_cost.py measures a new
+image end to end).
 
     .venv/bin/python -m benchmarks.image_by_hash_cost --size 1024 768 --repeats 200
 """
@@ -25,10 +26,12 @@ from mmserve.testing.reference import synthetic_image
 from preprocess import mm_hash
 
 
-def cpu_ms(call, repeats: int) -> float:
-    """Median process CPU time of one call, in ms."""
+def cpu_ms(call, repeats: int, setup=None) -> float:
+    """Median process CPU time of one call (`setup` before each, not counted), in ms."""
     samples = []
     for _ in range(repeats):
+        if setup is not None:
+            setup()
         start = time.process_time()
         call()
         samples.append(1000 * (time.process_time() - start))
@@ -60,19 +63,21 @@ def main() -> None:
             by handle takes are given back as EngineCore's report would)."""
             prompt = inputs.chat(messages)
             engine_request = inputs.media.engine_request(prompt, "r", SamplingParams(), 0.0)
-            prompt.release_shared()
+            prompt.release()
             inputs.media.release_handles(handle_ids(engine_request))
 
         hashing = cpu_ms(lambda: mm_hash(base64.b64decode(url.split(",", 1)[1]), settings), args.repeats)
         llm.chat(messages, SamplingParams(max_tokens=1))  # the engine now holds the image
-        assert inputs.chat(messages).features[0].by_hash
+        probe = inputs.chat(messages)
+        assert not probe.shared, "sent by hash"
+        probe.release()
         by_hash = cpu_ms(lambda: request(messages), args.repeats)
         text_only = [{"role": "user", "content": [{"type": "text", "text": "Hi"}]}]
         no_image = cpu_ms(lambda: request(text_only), args.repeats)
-        inputs.media.mirror.reset()  # as if the engine had evicted it: the pool's cache hit
-        by_handle = cpu_ms(lambda: request(messages), args.repeats)
+        forget = inputs.media.mirror.reset  # as if the mirror had evicted it: the pool's cache hit
+        by_handle = cpu_ms(lambda: request(messages), args.repeats, setup=forget)
         inputs.media.by_handle = False
-        with_pixels = cpu_ms(lambda: request(messages), args.repeats)
+        with_pixels = cpu_ms(lambda: request(messages), args.repeats, setup=forget)
     result = {
         "image": f"{args.size[0]}x{args.size[1]} JPEG, {len(data)} bytes",
         "base64_decode_and_hash_ms": round(hashing, 3),

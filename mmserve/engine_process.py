@@ -71,7 +71,7 @@ def run_engine_core_process(
             if os.getppid() != parent_pid:
                 logger.error("the API server process is gone; EngineCore exits")
                 break
-            # While every request waits (for pixels, for a grammar), wait 1 ms for news between
+            # While every request waits (for a grammar to compile), wait 1 ms for news between
             # steps rather than spin, and send nothing.
             timeout_ms = (1 if idle else 0) if engine_core.has_work() else 200
             if poller.poll(timeout_ms):
@@ -80,12 +80,7 @@ def run_engine_core_process(
                 engine_core.check_health()  # idle: a dead worker would otherwise go unnoticed
             if engine_core.has_work():
                 outputs = engine_core.step()
-                news = (
-                    outputs.outputs
-                    or outputs.pixels_needed
-                    or outputs.encoder_cache_changes
-                    or outputs.released_pixel_handles
-                )
+                news = outputs.outputs or outputs.released_pixel_handles or outputs.unreadable_pixels
                 idle = engine_core.last_step_tokens == 0 and not news
                 if not idle:
                     outbox.send_multipart(protocol.encode_outputs(outputs), copy=False)
@@ -127,8 +122,6 @@ def _drain_inbox(inbox: zmq.Socket, engine_core: EngineCore) -> None:
                 engine_core.add_request(protocol.decode_add(frames))
             elif kind == protocol.ABORT:
                 engine_core.abort_requests(protocol.decode_abort(frames))
-            elif kind == protocol.PIXELS:
-                engine_core.supply_pixels(*protocol.decode_pixels(frames))
         except (msgspec.DecodeError, ValueError, IndexError) as e:
             # A malformed message is the sender's bug; drop it rather than the engine.
             logger.error("dropping a malformed %r message: %s", kind, e)

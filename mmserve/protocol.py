@@ -1,13 +1,14 @@
 """Messages between the frontend (API server / offline LLM) and EngineCore.
 
-msgspec Structs, so they cross the ZeroMQ boundary as msgpack; image pixels travel beside
-them (see the serving transport) or stay in the preprocess pool's shared memory, named by a
-`PixelHandle` — never inside the msgpack body.
+msgspec Structs, so they cross the ZeroMQ boundary as msgpack; pixels travel beside them as
+frames of their own or stay in the preprocess pool's shared memory, named by a `PixelHandle` —
+never inside the msgpack body.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
+from typing import Any
 
 import msgspec
 import numpy as np
@@ -21,7 +22,8 @@ class PixelHandle(msgspec.Struct, frozen=True, array_like=True):
     The pool keeps the segment (no recycling, no unlink) while `use_id` is pinned, until
     EngineCore reports `use_id` in `EngineCoreOutputs.released_pixel_handles` (or dies).
     EngineCore reads its own copy on receipt and checks it against `digest`: a segment gone,
-    short or holding other pixels counts as no pixels at all (the request waits for them)."""
+    short or holding other pixels is reported in `EngineCoreOutputs.unreadable_pixels`, and
+    the requests that need those pixels fail (never wait, never encode other pixels)."""
 
     shm_name: str
     shape: tuple[int, ...]  # [num_patches, C·T·P·P]
@@ -34,38 +36,45 @@ class PixelHandle(msgspec.Struct, frozen=True, array_like=True):
         return int(np.prod(self.shape)) * np.dtype(self.dtype).itemsize
 
 
-@dataclass
+@dataclass(frozen=True)
 class MultiModalFeature:
-    """One image or video item of a request: where its placeholder tokens are and what to encode.
+    """One image or video item of a request: where its placeholder tokens are and what it is.
+    Immutable, and without pixels: those travel beside the features (`EngineRequest.mm_handles`
+    and `mm_arrays`) or are in EngineCore's pixel store already, keyed by `mm_hash`.
 
-    Every cache (encoder cache, prefix-cache extra keys, the encoder budget) counts items alike
-    whatever their modality. A model family may lay one image or video out as several features
-    (a video frame by frame, with text between), each hashed `<item hash>-<index>`."""
+    Every cache (pixel store, encoder cache, prefix-cache extra keys, the encoder budget) counts
+    items alike whatever their modality. A model family may lay one image or video out as several
+    features (a video frame by frame, with text between), each hashed `<item hash>-<index>`."""
 
     mm_hash: str  # hash of the item's bytes + processor settings (+ sampling); keys every cache
     offset: int  # index of the first placeholder token in the prompt
     length: int  # number of placeholder tokens = number of embeddings
     grid_thw: tuple[int, int, int]  # patch grid (temporal patches, rows, columns), as processed
-    pixel_values: np.ndarray | None = None  # [num_patches, C·T·P·P] float32, until encoded
     modality: str = "image"  # "image" | "video"
     # temporal position units per temporal patch, as the model family's processor computed
     # them (its positions read them: a video's may follow its frame rate)
     position_step: float = 1.0
-    # An image whose pixels the frontend keeps (sent by hash, or dropped here once encoded):
-    # while `pixel_values` is None, encoding it waits for EngineCoreOutputs.pixels_needed.
-    by_hash: bool = False
-    # Where the pixels are instead of `pixel_values` (an image in the pool's shared memory);
-    # EngineCore turns it into `pixel_values` (or, if unreadable, `by_hash`) on receipt.
-    pixel_handle: PixelHandle | None = None
 
 
 class EngineRequest(msgspec.Struct, kw_only=True):
+    """A request, and what it changes in EngineCore's pixel store (core/pixel_store.py), whose
+    contents the frontend decides (frontend/pixel_store_mirror.py). EngineCore applies the
+    changes on arrival, before anything else and whatever becomes of the request: first it drops
+    `mm_evict`, then it adds the pixels the request brings. Every item of the request is then in
+    the store: the ones it brought, and the ones it names by hash alone."""
+
     request_id: str
     prompt_token_ids: list[int]
     mm_features: list[MultiModalFeature]
     sampling_params: SamplingParams
     arrival_time: float
     priority: int = 0
+    mm_evict: list[str] = msgspec.field(default_factory=list)  # hashes the store drops first
+    # mm_hash → pixels in the preprocess pool's shared memory, read once on arrival
+    mm_handles: dict[str, PixelHandle] = msgspec.field(default_factory=dict)
+    # mm_hash → pixels as arrays ([num_patches, C·T·P·P]); over ZeroMQ each is a frame of its
+    # own beside the msgpack body (`encode_add`), never inside it
+    mm_arrays: dict[str, Any] = msgspec.field(default_factory=dict)
 
 
 class Logprobs(msgspec.Struct, array_like=True):
@@ -109,15 +118,13 @@ class SchedulerStats(msgspec.Struct, kw_only=True):
 class EngineCoreOutputs(msgspec.Struct, kw_only=True, omit_defaults=True):
     outputs: list[EngineCoreOutput] = msgspec.field(default_factory=list)
     stats: SchedulerStats | None = None
-    # (request id, mm_hash) of images a scheduled request reached without pixels and whose
-    # embeddings the encoder cache no longer holds: the frontend answers each with PIXELS.
-    pixels_needed: list[tuple[str, str]] = msgspec.field(default_factory=list)
-    # mm_hash → whether the encoder cache holds it now, for every entry that changed since the
-    # last outputs: what the frontend's mirror of the cache applies, in order.
-    encoder_cache_changes: dict[str, bool] = msgspec.field(default_factory=dict)
     # use ids of the `PixelHandle`s received since the last outputs (read, or found unreadable):
     # EngineCore will not look at their segments again; the frontend unpins them.
     released_pixel_handles: list[int] = msgspec.field(default_factory=list)
+    # mm_hashes whose handles EngineCore could not read since the last outputs (segment gone,
+    # short, or holding other pixels): its store keeps them as unreadable (a request naming
+    # one fails) until the frontend, told here, drops them from its mirror and so evicts them.
+    unreadable_pixels: list[str] = msgspec.field(default_factory=list)
 
 
 class EngineReady(msgspec.Struct, kw_only=True):
@@ -131,30 +138,24 @@ class EngineReady(msgspec.Struct, kw_only=True):
 
 
 # ---------------------------------------------------------------------------------------------
-# Wire format over ZeroMQ. Frontend → EngineCore: [b"ADD", header, *pixel frames],
-# [b"ABORT", ids] or [b"PIXELS", header(, pixel frame)]. EngineCore → frontend: [b"OUT", outputs]
-# or [b"READY"/b"FAILED", info]. Pixel arrays travel as their own frames, sent without copying
-# and received as views; a feature sent by hash alone or by `PixelHandle` has no frame.
+# Wire format over ZeroMQ. Frontend → EngineCore: [b"ADD", header, *pixel frames] or
+# [b"ABORT", ids]. EngineCore → frontend: [b"OUT", outputs] or [b"READY"/b"FAILED", info].
+# Pixel arrays travel as their own frames, sent without copying and received as views; an item
+# sent by hash alone or by `PixelHandle` has no frame.
 
-ADD, ABORT, PIXELS, OUT, READY, FAILED = b"ADD", b"ABORT", b"PIXELS", b"OUT", b"READY", b"FAILED"
+ADD, ABORT, OUT, READY, FAILED = b"ADD", b"ABORT", b"OUT", b"READY", b"FAILED"
 
-_Layout = tuple[int, str, tuple[int, ...]]  # (feature index, dtype, shape) of one pixel frame
+_Layout = tuple[str, str, tuple[int, ...]]  # (mm_hash, dtype, shape) of one pixel frame
 _encoder = msgspec.msgpack.Encoder()
 _request_decoder = msgspec.msgpack.Decoder(tuple[EngineRequest, list[_Layout]])
-_pixels_decoder = msgspec.msgpack.Decoder(tuple[str, str, PixelHandle | None, str, tuple[int, ...]])
 _outputs_decoder = msgspec.msgpack.Decoder(EngineCoreOutputs)
 
 
 def encode_add(request: EngineRequest) -> list:
-    with_pixels = [
-        (i, f.pixel_values) for i, f in enumerate(request.mm_features) if f.pixel_values is not None
-    ]
-    stripped = msgspec.structs.replace(
-        request,
-        mm_features=[replace(f, pixel_values=None) for f in request.mm_features],
-    )
-    layouts = [(i, a.dtype.str, a.shape) for i, a in with_pixels]
-    frames = [np.ascontiguousarray(a).data for _, a in with_pixels]
+    arrays = request.mm_arrays
+    stripped = msgspec.structs.replace(request, mm_arrays={}) if arrays else request
+    layouts = [(mm_hash, a.dtype.str, a.shape) for mm_hash, a in arrays.items()]
+    frames = [np.ascontiguousarray(a).data for a in arrays.values()]
     return [ADD, _encoder.encode((stripped, layouts)), *frames]
 
 
@@ -162,25 +163,11 @@ def decode_add(frames: list) -> EngineRequest:
     request, layouts = _request_decoder.decode(frames[1])
     if len(layouts) != len(frames) - 2:
         raise ValueError(f"{len(layouts)} pixel layouts for {len(frames) - 2} pixel frames")
-    for (index, dtype, shape), frame in zip(layouts, frames[2:]):
-        request.mm_features[index].pixel_values = np.frombuffer(frame, dtype=np.dtype(dtype)).reshape(shape)
+    request.mm_arrays = {
+        mm_hash: np.frombuffer(frame, dtype=np.dtype(dtype)).reshape(shape)
+        for (mm_hash, dtype, shape), frame in zip(layouts, frames[2:])
+    }
     return request
-
-
-def encode_pixels(request_id: str, mm_hash: str, pixels: np.ndarray | PixelHandle) -> list:
-    """The pixels of image `mm_hash` that EngineCore asked for on behalf of `request_id`: an
-    array (its own frame) or a handle (no frame)."""
-    if isinstance(pixels, PixelHandle):
-        return [PIXELS, _encoder.encode((request_id, mm_hash, pixels, "", ()))]
-    header = _encoder.encode((request_id, mm_hash, None, pixels.dtype.str, pixels.shape))
-    return [PIXELS, header, np.ascontiguousarray(pixels).data]
-
-
-def decode_pixels(frames: list) -> tuple[str, str, np.ndarray | PixelHandle]:
-    request_id, mm_hash, handle, dtype, shape = _pixels_decoder.decode(frames[1])
-    if handle is not None:
-        return request_id, mm_hash, handle
-    return request_id, mm_hash, np.frombuffer(frames[2], dtype=np.dtype(dtype)).reshape(shape)
 
 
 def encode_abort(request_ids: list[str]) -> list:

@@ -5,8 +5,8 @@ per placeholder token). An entry is referenced by every request whose computatio
 that image and not yet passed it (an image repeated in one prompt is referenced again at each
 occurrence); unreferenced entries stay cached (a later request or occurrence with the same image
 gets them for free) in LRU order until space is needed. Hashes evicted since the last step are
-handed to the worker, which drops the tensors. Every entry made or dropped is also recorded in
-`changes`, which EngineCore sends to the frontend's mirror of this cache (frontend/engine_mirror.py).
+handed to the worker, which drops the tensors. An item evicted here is encoded again from the
+pixels its request holds (core/pixel_store.py) when a request reaches it.
 
 The scheduler asks `can_allocate` and `num_references` every step, so both are answered from
 counters kept up to date on every transition, never by scanning the entries.
@@ -27,7 +27,6 @@ class EncoderCacheManager:
         self.refs: dict[str, set[str]] = {}  # mm_hash → request ids referencing it
         self.unreferenced: OrderedDict[str, None] = OrderedDict()  # eviction order, oldest first
         self.freed: list[str] = []
-        self.changes: dict[str, bool] = {}  # mm_hash → cached now, for entries changed since taken
         self.num_hits = 0  # an image found in the cache instead of being encoded
         self._num_references = 0  # sum of len(refs[h]) over every entry
 
@@ -51,7 +50,6 @@ class EncoderCacheManager:
             self._drop(victim)
         self.num_free_slots -= num_embeddings
         self.sizes[mm_hash] = num_embeddings
-        self._note(mm_hash, True)
         self.refs[mm_hash] = {request_id}
         self._num_references += 1
 
@@ -95,15 +93,6 @@ class EncoderCacheManager:
 
     def _drop(self, mm_hash: str) -> None:
         self.freed.append(mm_hash)
-        self._note(mm_hash, False)
-
-    def _note(self, mm_hash: str, cached: bool) -> None:
-        self.changes.pop(mm_hash, None)  # re-inserted last: the dict keeps the order of changes
-        self.changes[mm_hash] = cached
-
-    def take_changes(self) -> dict[str, bool]:
-        changes, self.changes = self.changes, {}
-        return changes
 
     def num_references(self) -> int:
         """(request, image) references held, over all entries."""

@@ -10,17 +10,11 @@ import logging
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Protocol
 
-from mmserve.core.pixel_handles import read_pixels, resolve_handles
+from mmserve.core.pixel_store import MissingPixels, PixelStore
 from mmserve.core.request import Request
 from mmserve.core.sched_output import ExecutorDeadError, ModelRunnerOutput, SchedulerOutput
 from mmserve.core.scheduler import Scheduler
-from mmserve.protocol import (
-    EngineCoreOutput,
-    EngineCoreOutputs,
-    EngineRequest,
-    MultiModalFeature,
-    PixelHandle,
-)
+from mmserve.protocol import EngineCoreOutput, EngineCoreOutputs, EngineRequest, MultiModalFeature
 
 if TYPE_CHECKING:
     import numpy as np
@@ -41,29 +35,38 @@ class EngineCore:
         self.scheduler = scheduler
         self.executor = executor
         self.vocab_size = vocab_size  # the model's: token ids at or past it would index past the logits
+        self.pixel_store = PixelStore()  # mm_hash → pixels, as the frontend's mirror decides
         self._pending: list[EngineCoreOutput] = []  # rejections and aborts, sent with the next step
         self._released_handles: list[int] = []  # pixel handles read since the last outputs
+        self._unreadable: list[str] = []  # hashes whose handles could not be read, since then
         self.last_step_tokens = 0  # tokens the last step scheduled (0: its requests all wait)
 
     def add_request(self, engine_request: EngineRequest) -> None:
         """Queue a request; one that can never run is answered with an error output instead.
-        Pixels sent by handle are read now, whatever becomes of the request."""
-        self._released_handles += resolve_handles(engine_request.mm_features)
-        request = Request(
-            engine_request.request_id,
-            engine_request.prompt_token_ids,
-            engine_request.mm_features,
-            engine_request.sampling_params,
-            self.scheduler.block_size,
-            engine_request.arrival_time,
-            engine_request.priority,
-        )
+        Its pixel-store changes are applied first, whatever becomes of the request (the frontend
+        has applied them to its mirror), and the request keeps its items' pixels for its life."""
+        arrival = self.pixel_store.apply(engine_request)
+        self._released_handles += arrival.released_handles
+        self._unreadable += arrival.unreadable
         try:
-            check_features(engine_request.mm_features, len(engine_request.prompt_token_ids))
+            pixels = self.pixel_store.pixels_of(engine_request.mm_features)
+            check_features(engine_request.mm_features, len(engine_request.prompt_token_ids), pixels)
             if self.vocab_size is not None:
                 check_token_ids(engine_request, self.vocab_size)
+            request = Request(
+                engine_request.request_id,
+                engine_request.prompt_token_ids,
+                engine_request.mm_features,
+                engine_request.sampling_params,
+                self.scheduler.block_size,
+                engine_request.arrival_time,
+                engine_request.priority,
+                mm_pixels=pixels,
+            )
             self.scheduler.add_request(request)
         except ValueError as e:
+            if isinstance(e, MissingPixels):
+                logger.error("request %s: %s", engine_request.request_id, e)
             self._pending.append(
                 EngineCoreOutput(engine_request.request_id, [], finish_reason="error", error=str(e))
             )
@@ -71,25 +74,10 @@ class EngineCore:
     def abort_requests(self, request_ids: Iterable[str]) -> None:
         self._pending.extend(self.scheduler.abort_requests(request_ids))
 
-    def supply_pixels(self, request_id: str, mm_hash: str, pixel_values: np.ndarray | PixelHandle) -> None:
-        """The frontend's answer to `pixels_needed`; pixels that do not fit fail the request.
-        A handle is read if the request still runs; if it cannot be, the pixels are asked again."""
-        if isinstance(pixel_values, PixelHandle):
-            self._released_handles.append(pixel_values.use_id)
-            if request_id not in self.scheduler.requests:
-                return
-            handle, pixel_values = pixel_values, read_pixels(pixel_values)
-            if pixel_values is None:
-                logger.warning("image %s: no pixels in %s; asking again", mm_hash, handle.shm_name)
-                self.scheduler.pixel_waits.ask_again(request_id, mm_hash)
-                return
-        try:
-            self.scheduler.supply_pixels(request_id, mm_hash, pixel_values)
-        except ValueError as e:
-            self.scheduler.fail(self.scheduler.requests[request_id], str(e))
-
     def has_work(self) -> bool:
-        return self.scheduler.has_unfinished_requests() or bool(self._pending or self._released_handles)
+        return self.scheduler.has_unfinished_requests() or bool(
+            self._pending or self._released_handles or self._unreadable
+        )
 
     def step(self) -> EngineCoreOutputs:
         scheduler_output = self.scheduler.schedule()
@@ -136,11 +124,10 @@ class EngineCore:
         return self._with_image_news(result)
 
     def _with_image_news(self, outputs: EngineCoreOutputs) -> EngineCoreOutputs:
-        """What the frontend needs to know about images: pixels to send, how the encoder cache
-        changed (for its mirror of it), and which pixel handles it may unpin."""
-        outputs.pixels_needed = self.scheduler.pixel_waits.take_needed()
-        outputs.encoder_cache_changes = self.scheduler.encoder_cache_manager.take_changes()
+        """What the frontend needs to know about images: which pixel handles it may unpin, and
+        which it sent could not be read (for its mirror of the pixel store)."""
         outputs.released_pixel_handles, self._released_handles = self._released_handles, []
+        outputs.unreadable_pixels, self._unreadable = self._unreadable, []
         return outputs
 
 
@@ -152,9 +139,11 @@ def check_token_ids(request: EngineRequest, vocab_size: int) -> None:
     request.sampling_params.check_token_ids(vocab_size)
 
 
-def check_features(features: list[MultiModalFeature], num_prompt_tokens: int) -> None:
+def check_features(
+    features: list[MultiModalFeature], num_prompt_tokens: int, pixels: dict[str, np.ndarray]
+) -> None:
     """Reject image metadata that could not have come from the preprocessor: placeholder runs
-    outside the prompt or overlapping, or pixels that do not match the patch grid."""
+    outside the prompt or overlapping, or pixels (by mm_hash) that do not match the patch grid."""
     end = 0
     for f in sorted(features, key=lambda f: f.offset):
         t, h, w = f.grid_thw
@@ -162,8 +151,7 @@ def check_features(features: list[MultiModalFeature], num_prompt_tokens: int) ->
             raise ValueError(f"image placeholder span ({f.offset}, {f.length}) does not fit the prompt")
         if min(t, h, w) < 1 or (t * h * w) % f.length:
             raise ValueError(f"image grid {f.grid_thw} does not match its {f.length} placeholder tokens")
-        if f.pixel_values is not None and (f.pixel_values.ndim != 2 or f.pixel_values.shape[0] != t * h * w):
-            raise ValueError(
-                f"image pixels of shape {f.pixel_values.shape} do not match its grid {f.grid_thw}"
-            )
+        item = pixels[f.mm_hash]
+        if item.ndim != 2 or item.shape[0] != t * h * w:
+            raise ValueError(f"image pixels of shape {item.shape} do not match its grid {f.grid_thw}")
         end = f.offset + f.length

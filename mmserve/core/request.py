@@ -1,17 +1,23 @@
 """A request as the scheduler sees it: token ids, images, progress and status.
 
 Prompt and generated tokens are one sequence; `num_computed_tokens` says how much of it has KV
-in the cache. Block hashes are extended as tokens arrive, so prefix lookups never rehash.
+in the cache. Block hashes are extended as tokens arrive, so prefix lookups never rehash. A
+request holds its items' pixels (from the pixel store, on arrival) for its whole life, so an
+item whose embeddings the encoder cache dropped can always be encoded again.
 """
 
 from __future__ import annotations
 
 import enum
 import time
+from typing import TYPE_CHECKING
 
 from mmserve.core.block_hash import BlockHash, extend_block_hashes
 from mmserve.protocol import MultiModalFeature
 from mmserve.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    import numpy as np
 
 
 class RequestStatus(enum.IntEnum):
@@ -50,10 +56,13 @@ class Request:
         block_size: int,
         arrival_time: float | None = None,
         priority: int = 0,
+        mm_pixels: dict[str, np.ndarray] | None = None,
     ) -> None:
         self.request_id = request_id
         self.prompt_token_ids = list(prompt_token_ids)
         self.mm_features = sorted(mm_features, key=lambda f: f.offset)
+        # mm_hash → [num_patches, C·T·P·P] for each item (the scheduler's own tests give none)
+        self.mm_pixels = mm_pixels or {}
         self.sampling_params = sampling_params
         self.arrival_time = time.monotonic() if arrival_time is None else arrival_time
         self.priority = priority

@@ -60,6 +60,9 @@ class SchedulerOutput:
     dropped_req_ids: set[str]  # finished, aborted or preempted — the runner drops their state
     free_encoder_mm_hashes: list[str]  # embeddings the runner may drop from its encoder cache
     grammar_bitmask: GrammarBitmask | None = None  # None: no structured request samples this step
+    # mm_hash → pixels [num_patches, C·T·P·P] of each item in scheduled_encoder_inputs: pixels
+    # go to the runner (to every rank) only in the step that encodes them
+    encoder_pixels: dict[str, np.ndarray] = field(default_factory=dict)
 
     @classmethod
     def empty(cls) -> SchedulerOutput:

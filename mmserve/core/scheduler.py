@@ -5,9 +5,9 @@ tokens it has not computed yet (one, once decoding; the rest of its prompt while
 capped by the step budget; then waiting requests are admitted in queue order, starting after
 their longest cached prefix. Chunked prefill is simply a request receiving fewer tokens than it
 has left. Images add one rule: a span that reaches an image not in the encoder cache encodes the
-whole image this step if the encoder budget and cache allow, else stops just before it
-(span_plan.py); one sent by hash whose embeddings are gone waits for its pixels (pixel_waits.py).
-When KV blocks run out, a running request is preempted and later recomputed.
+whole image this step, from the pixels the request holds, if the encoder budget and cache
+allow, else stops just before it (span_plan.py). When KV blocks run out, a running request is
+preempted and later recomputed.
 A request with structured outputs waits for its grammar to compile before it is queued, and
 its tokens then advance its grammar's matcher (grammar.py).
 
@@ -28,7 +28,6 @@ from mmserve.config import CacheConfig, SchedulerConfig
 from mmserve.core.encoder_cache_manager import EncoderCacheManager
 from mmserve.core.grammar import GrammarGate, GrammarTracker
 from mmserve.core.kv_cache_manager import KVCacheManager
-from mmserve.core.pixel_waits import PixelWaits, drop_encoded_pixels
 from mmserve.core.request import Request, RequestStatus
 from mmserve.core.request_queue import create_request_queue
 from mmserve.core.sched_output import (
@@ -55,6 +54,7 @@ class _Step:
     encoder_budget: int
     num_scheduled_tokens: dict[str, int] = field(default_factory=dict)
     encoder_inputs: dict[str, list[int]] = field(default_factory=dict)
+    encoder_pixels: dict[str, np.ndarray] = field(default_factory=dict)  # mm_hash → what to encode
     new_requests: list[NewRequestData] = field(default_factory=list)
     cached_requests: CachedRequestData = field(default_factory=CachedRequestData)
     preempted: bool = False
@@ -93,7 +93,6 @@ class Scheduler:
         self.step_recovery = StepRecovery(self)
         self.num_encoder_runs = 0
         self.grammar = GrammarGate(grammar)
-        self.pixel_waits = PixelWaits()
 
     # ------------------------------------------------------------------ admission
 
@@ -222,7 +221,7 @@ class Scheduler:
     def _commit(self, step: _Step, request: Request, plan: SpanPlan, new_block_ids: list[int]) -> None:
         """Take a request's planned span into the step: its images, its tokens, and what the
         runner is told (everything if it does not hold the request yet, else what changed)."""
-        self._apply_encoder_plan(request, plan, step.encoder_inputs)
+        self._apply_encoder_plan(request, plan, step)
         step.encoder_budget = plan.encoder_budget
         step.num_scheduled_tokens[request.request_id] = plan.num_new_tokens
         step.token_budget -= plan.num_new_tokens
@@ -241,6 +240,7 @@ class Scheduler:
             num_scheduled_tokens=step.num_scheduled_tokens,
             total_num_scheduled_tokens=sum(step.num_scheduled_tokens.values()),
             scheduled_encoder_inputs=step.encoder_inputs,
+            encoder_pixels=step.encoder_pixels,
             dropped_req_ids=self.dropped_req_ids,
             free_encoder_mm_hashes=self.encoder_cache_manager.take_freed(),
         )
@@ -261,28 +261,22 @@ class Scheduler:
         threshold = self.config.long_prefill_token_threshold
         if threshold > 0:
             num_new = min(num_new, threshold)
-        plan = plan_span(self.encoder_cache_manager, request, num_computed, num_new, step.encoder_budget)
-        self.pixel_waits.ask(request, plan.missing_pixels)
-        return plan
+        return plan_span(self.encoder_cache_manager, request, num_computed, num_new, step.encoder_budget)
 
-    def supply_pixels(self, request_id: str, mm_hash: str, pixel_values: np.ndarray) -> None:
-        """Pixels the frontend sent for an image a request waits on (ignored if the request has
-        finished meanwhile); ValueError if they do not match the image's grid."""
-        request = self.requests.get(request_id)
-        if request is not None:
-            self.pixel_waits.supply(request, mm_hash, pixel_values)
-
-    def _apply_encoder_plan(
-        self, request: Request, plan: SpanPlan, encoder_inputs: dict[str, list[int]]
-    ) -> None:
+    def _apply_encoder_plan(self, request: Request, plan: SpanPlan, step: _Step) -> None:
+        """Reference the cached items the span reads, reserve the ones it encodes; the pixels of
+        those go with the step (the runner needs them this step only)."""
         request_id = request.request_id
         for index in plan.to_reference:  # first, so that allocating cannot evict them
             self.encoder_cache_manager.add_reference(request.mm_features[index].mm_hash, request_id)
         for index in plan.to_encode:
             f = request.mm_features[index]
             self.encoder_cache_manager.allocate(f.mm_hash, f.length, request_id)
+            pixels = request.mm_pixels.get(f.mm_hash)
+            if pixels is not None:
+                step.encoder_pixels[f.mm_hash] = pixels
         if plan.to_encode:
-            encoder_inputs[request_id] = plan.to_encode
+            step.encoder_inputs[request_id] = plan.to_encode
             self.num_encoder_runs += len(plan.to_encode)
 
     def _new_request_data(self, request: Request) -> NewRequestData:
@@ -314,7 +308,6 @@ class Scheduler:
         """Append the tokens the runner sampled for `scheduler_output`, finish the requests that
         stop, and release the images the requests have computed past."""
         outputs = self.take_error_outputs()
-        drop_encoded_pixels(self.requests, scheduler_output)
         for request_id, new_tokens in zip(runner_output.req_ids, runner_output.sampled_token_ids):
             request = self.requests.get(request_id)
             if request is None or request.is_finished:
@@ -362,7 +355,6 @@ class Scheduler:
     def _finish(self, request: Request, status: RequestStatus) -> None:
         request.status = status
         self.step_recovery.forget(request.request_id)
-        self.pixel_waits.forget(request.request_id)
         was_compiling = self.grammar.discard(request)
         if request in self.running:
             self.running.remove(request)

@@ -3,14 +3,13 @@
 A span that reaches an image not in the encoder cache encodes the whole image this step if the
 step's encoder budget and the cache allow it, else the span stops just before the image (it is
 tried again next step). Images the span reads from the cache are kept while planning: their room
-cannot be counted as evictable for the images the same span encodes. An image to encode that came
-without pixels (sent by hash, then evicted) also stops the span: the plan names it in
-`missing_pixels`, and the request waits for the frontend to send them.
+cannot be counted as evictable for the images the same span encodes. An image is either cached
+or encoded from the pixels its request holds: there is no third case.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from mmserve.core.encoder_cache_manager import EncoderCacheManager
 from mmserve.core.request import Request
@@ -24,7 +23,6 @@ class SpanPlan:
     to_encode: list[int]  # feature indices to encode this step
     to_reference: list[int]  # feature indices already cached
     encoder_budget: int  # what remains of the step's encoder budget afterwards
-    missing_pixels: list[int] = field(default_factory=list)  # feature indices to ask pixels for
 
 
 def plan_span(
@@ -41,9 +39,6 @@ def plan_span(
         if f.offset + f.length <= num_computed or f.mm_hash in encoded or f.mm_hash in kept:
             continue  # already computed past this image, or already in the plan
         is_cached = cache.is_cached(f.mm_hash)
-        if not is_cached and f.by_hash and f.pixel_values is None:
-            num_new = max(f.offset - num_computed, 0)
-            return SpanPlan(num_new, to_encode, to_reference, encoder_budget, [index])
         if is_cached:
             fits = cache.can_allocate(encode_size, keep=kept | {f.mm_hash})
         else:

@@ -16,7 +16,6 @@ from typing import Any
 from mmserve.engine import build_engine_core
 from mmserve.engine_args import EngineArgs
 from mmserve.frontend.core_client import InprocCoreClient
-from mmserve.frontend.engine_mirror import PixelSources
 from mmserve.frontend.factory import build_frontend
 from mmserve.frontend.file_store import FileStore
 from mmserve.frontend.media import MediaLoader
@@ -65,8 +64,6 @@ class LLM:
             raise
         self._client = InprocCoreClient(self.engine_core)
         self._ids = itertools.count()
-        self._sources = PixelSources()  # where the running requests' images are, should the engine ask
-        self._sources_of: set[str] = set()
         self._files = FileStore(tempfile.mkdtemp(prefix="mmserve-files-"), ttl_s=None)
 
     def get_tokenizer(self) -> Tokenizer:
@@ -114,6 +111,7 @@ class LLM:
     def close(self) -> None:
         """Stop the workers (processes, with tensor parallelism) and the preprocess pool."""
         self.engine_core.shutdown()
+        self._inputs.media.engine_gone()
         self._frontend.close()
         shutil.rmtree(self._files.directory, ignore_errors=True)
 
@@ -129,37 +127,29 @@ class LLM:
         sampling_params: SamplingParams | Sequence[SamplingParams] | None,
     ) -> list[RequestOutput]:
         """Submit every prompt, then step the engine until all have finished; outputs in order."""
-        request_ids = [
-            self._submit(prompt, params)
-            for prompt, params in zip(prompts, self._params_per_prompt(sampling_params, len(prompts)))
-        ]
+        try:
+            request_ids = [
+                self._submit(prompt, params)
+                for prompt, params in zip(prompts, self._params_per_prompt(sampling_params, len(prompts)))
+            ]
+        finally:
+            for prompt in prompts:  # (each one submitted is already)
+                prompt.release()
         finished: dict[str, RequestOutput] = {}
         try:
             while len(finished) < len(request_ids):
                 self._step(finished)
         finally:
-            # Interrupted (an exception, ^C): what is unfinished is aborted, not left to wait in
-            # the engine for pixels no one will send.
+            # Interrupted (an exception, ^C): what is unfinished is aborted, not left in the engine.
             for request_id in request_ids:
                 if request_id not in finished:
                     self._client.abort_requests(self._outputs.abort(request_id))
-            self._sources.forget(list(self._sources_of))
-            self._sources_of.clear()
         return [finished[request_id] for request_id in request_ids]
 
     def _step(self, finished: dict[str, RequestOutput]) -> None:
-        """One engine step; finished requests go to `finished`, asked-for pixels to the engine."""
+        """One engine step; finished requests go to `finished`."""
         engine_outputs = self._client.get_output()
-        media = self._inputs.media
-        media.release_handles(engine_outputs.released_pixel_handles)
-        media.mirror.apply(engine_outputs.encoder_cache_changes)
-        for engine_id, mm_hash in engine_outputs.pixels_needed:
-            source = self._sources.get(engine_id, mm_hash)
-            if source is not None:
-                with media.pixels(source, mm_hash) as processed:
-                    first = self._sources.first_answer(engine_id, mm_hash)
-                    self._client.supply_pixels(engine_id, mm_hash, media.answer(processed, first))
-                media.mirror.pixels_resent += 1
+        self._inputs.media.apply_engine_outputs(engine_outputs)
         results, to_abort = self._outputs.process_outputs(engine_outputs.outputs)
         if to_abort:
             self._client.abort_requests(to_abort)
@@ -181,16 +171,14 @@ class LLM:
     def _submit(self, prompt: ProcessedPrompt, params: SamplingParams) -> str:
         """Hand one prompt to the engine (n > 1 fans out into n engine requests); its request id."""
         request_id = str(next(self._ids))
-        params = prepare_params(with_model_defaults(params, self._default_params), self.tokenizer)
-        prompt = truncate_prompt(prompt, params.truncate_prompt_tokens)
         try:
+            params = prepare_params(with_model_defaults(params, self._default_params), self.tokenizer)
+            prompt = truncate_prompt(prompt, params.truncate_prompt_tokens)
             for engine_id, child in self._outputs.add_request(
                 request_id, prompt.prompt, prompt.token_ids, params
-            ):
-                self._sources.add(engine_id, prompt.sources)
-                self._sources_of.add(engine_id)
+            ):  # n > 1: the first brings the pixels, the others go by hash
                 request = self._inputs.media.engine_request(prompt, engine_id, child, time.monotonic())
-                self._client.add_request(request)  # reads its pixel handles at once
+                self._client.add_request(request)  # applies its store changes, reads its handles
         finally:
-            prompt.release_shared()
+            prompt.release()
         return request_id

@@ -286,7 +286,8 @@ def _add_multimodal_arguments(group: argparse._ArgumentGroup) -> None:
     _engine_flag(
         group,
         "mm_processor_cache_gb",
-        "Size of the preprocessed-image cache (default %(default)s).",
+        "GiB of preprocessed pixels kept by the preprocess pool's cache and, apart, by EngineCore's "
+        "pixel store, whose images are sent by hash (default %(default)s).",
         type=float,
     )
     _engine_flag(

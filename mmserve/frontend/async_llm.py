@@ -3,9 +3,9 @@
 One background task reads EngineCore's outputs, detokenises them (OutputProcessor) and hands
 each request its deltas (RequestOutputKind.DELTA) through its own queue, so the API handlers
 only await queues. If EngineCore dies, every open request gets EngineDeadError and
-`on_engine_dead` is called once. The same task keeps the input processor's mirror of the
-engine's encoder cache current, answers the engine's asks for pixels (engine_mirror.py) and
-unpins the pixel handles the engine has read (all of them if it dies).
+`on_engine_dead` is called once. The same task applies what the engine reports about images
+(`MediaProcessor.apply_engine_outputs`: handles it has read are unpinned, items it could not
+read leave the mirror of its pixel store), and `engine_gone` if it dies.
 """
 
 from __future__ import annotations
@@ -17,17 +17,14 @@ import time
 import weakref
 from collections.abc import AsyncIterator, Callable
 
-import numpy as np
-
 from mmserve.config import EngineConfig
 from mmserve.frontend.core_client import EngineDeadError, MPCoreClient
-from mmserve.frontend.engine_mirror import PixelSources
 from mmserve.frontend.input_processor import InputProcessor
 from mmserve.frontend.media_processor import handle_ids
 from mmserve.frontend.output_processor import OutputProcessor
 from mmserve.frontend.prompt import ProcessedPrompt
 from mmserve.outputs import RequestOutput, RequestOutputKind
-from mmserve.protocol import EngineCoreOutputs, EngineRequest, PixelHandle, SchedulerStats
+from mmserve.protocol import SchedulerStats
 from mmserve.sampling_params import SamplingParams
 
 logger = logging.getLogger("mmserve.frontend")
@@ -68,18 +65,18 @@ class AsyncLLM:
         self,
         config: EngineConfig,
         outputs: OutputProcessor,
+        *,
+        inputs: InputProcessor,
         on_engine_dead: Callable[[], None] | None = None,
         on_outputs: Callable[[list[RequestOutput], SchedulerStats | None], None] | None = None,
-        inputs: InputProcessor | None = None,
     ) -> None:
-        """`inputs`: the input processor whose mirror and pool serve the engine's images (None:
-        prompts carry every image's pixels, and an ask for pixels fails its request)."""
+        """`inputs`: the input processor that builds the prompts, whose media processor decides
+        what the engine's pixel store holds."""
         self.config = config
         self.client = MPCoreClient(config)
         self.outputs = outputs
         self.inputs = inputs
-        self.pixel_sources = PixelSources()
-        self._suppliers: set[asyncio.Task] = set()
+        self.media = inputs.media
         self._queues: dict[str, asyncio.Queue] = {}
         self._on_engine_dead = on_engine_dead
         self._on_outputs = on_outputs
@@ -111,11 +108,11 @@ class AsyncLLM:
     ) -> AsyncIterator[RequestOutput]:
         """Deltas of the request as it progresses (what is new for each choice; see
         RequestOutputKind.DELTA); the last one has `finished` set. Leaving the iteration early
-        (client gone, task cancelled) aborts the request in the engine."""
-        if self.dead:
-            raise EngineDeadError("the engine is not running")
-        if self._refusal is not None:
-            raise self._refusal
+        (client gone, task cancelled) aborts the request in the engine. The prompt is released
+        once sent (or refused)."""
+        if self.dead or self._refusal is not None:
+            prompt.release()
+            raise EngineDeadError("the engine is not running") if self.dead else self._refusal
         queue: asyncio.Queue = asyncio.Queue()
         children = self.outputs.add_request(
             request_id, prompt.prompt, prompt.token_ids, params, RequestOutputKind.DELTA
@@ -124,15 +121,13 @@ class AsyncLLM:
         if reservation is not None:
             reservation.take_one()
         finished = False
-        engine_ids = [engine_id for engine_id, _ in children]
         try:
             now = time.monotonic()
             try:
-                for engine_id, child_params in children:
-                    self.pixel_sources.add(engine_id, prompt.sources)
-                    await self._send(self._engine_request(prompt, engine_id, child_params, now, priority))
+                for engine_id, child_params in children:  # n > 1: the first brings the pixels
+                    await self._send(prompt, engine_id, child_params, now, priority)
             finally:
-                prompt.release_shared()
+                prompt.release()
             while not finished:
                 item = await queue.get()
                 if isinstance(item, BaseException):
@@ -141,31 +136,27 @@ class AsyncLLM:
                 yield item
         finally:
             self._queues.pop(request_id, None)
-            self.pixel_sources.forget(engine_ids)
             if not finished:
                 await self.abort(request_id)
 
-    def _engine_request(
+    async def _send(
         self, prompt: ProcessedPrompt, engine_id: str, params: SamplingParams, now: float, priority: int
-    ) -> EngineRequest:
-        if self.inputs is None:  # no pool to pin in: pixels are copied into the message
-            return prompt.engine_request(engine_id, params, now, priority)
-        return self.inputs.media.engine_request(prompt, engine_id, params, now, priority)
-
-    async def _send(self, request: EngineRequest) -> None:
-        """Send one engine request; the pins of its pixel handles are given back if it does not
-        go, or if the engine died meanwhile (it reads nothing more)."""
+    ) -> None:
+        """Make one engine request and send it. Its pixel-store changes are decided and its
+        message queued in one event-loop turn (nothing here awaits in between, and the client
+        queues before it first awaits), so messages reach the engine in the order of the
+        mirror's decisions. A request that was not queued is undone; the pins of one sent
+        after the engine died are given back (nothing reads them)."""
+        request = self.media.engine_request(prompt, engine_id, params, now, priority)
         try:
             await self.client.add_request(request)
+        except (asyncio.CancelledError, EngineDeadError):
+            raise  # queued (it goes when there is room), or the engine is gone (all reset)
         except BaseException:
-            self._release_handles(handle_ids(request))
+            self.media.not_sent(request)
             raise
         if self.dead:
-            self._release_handles(handle_ids(request))
-
-    def _release_handles(self, use_ids: list[int]) -> None:
-        if self.inputs is not None:
-            self.inputs.media.release_handles(use_ids)
+            self.media.release_handles(handle_ids(request))
 
     def fail_open_requests(self, error: Exception) -> None:
         """End every open request with `error` and refuse new ones with it (the server is
@@ -187,7 +178,7 @@ class AsyncLLM:
                     if not self.client.is_alive():
                         raise EngineDeadError(f"EngineCore died (exit code {self.client.process.exitcode})")
                     continue
-                self._handle_images(engine_outputs)
+                self.media.apply_engine_outputs(engine_outputs)
                 deltas, to_abort = self.outputs.process_outputs(engine_outputs.outputs)
                 if to_abort:
                     await self.client.abort_requests(to_abort)
@@ -207,54 +198,11 @@ class AsyncLLM:
             )
             logger.error("%s; failing %d open requests", error, len(self._queues))
             self.dead = True
-            if self.inputs is not None:
-                self.inputs.media.pool.unpin_all()  # nothing will read the handles in flight
+            self.media.engine_gone()  # nothing will read the handles in flight
             for queue in self._queues.values():
                 queue.put_nowait(error)
             if self._on_engine_dead is not None:
                 self._on_engine_dead()
-
-    def _handle_images(self, engine_outputs: EngineCoreOutputs) -> None:
-        self._release_handles(engine_outputs.released_pixel_handles)
-        if self.inputs is not None:
-            self.inputs.media.mirror.apply(engine_outputs.encoder_cache_changes)
-        for request_id, mm_hash in engine_outputs.pixels_needed:
-            task = asyncio.create_task(self._supply_pixels(request_id, mm_hash))
-            self._suppliers.add(task)
-            task.add_done_callback(self._suppliers.discard)
-
-    async def _supply_pixels(self, request_id: str, mm_hash: str) -> None:
-        """Send the engine the pixels it asked for (by handle, unless it asked again for them:
-        a handle it could not read); a request whose image cannot be had again (its pool
-        failed) is aborted rather than left waiting."""
-        source = self.pixel_sources.get(request_id, mm_hash)
-        if source is None:
-            return  # the request has finished or was aborted: the engine drops it
-        try:
-            if self.inputs is None:
-                raise RuntimeError("no input processor to make pixels with")
-            media = self.inputs.media
-            processed = await media.pixels_async(source, mm_hash)
-            try:
-                answer = media.answer(processed, self.pixel_sources.first_answer(request_id, mm_hash))
-                await self._send_pixels(request_id, mm_hash, answer)
-            finally:
-                processed.release()
-            media.mirror.pixels_resent += 1
-        except Exception:
-            logger.exception("could not supply the pixels of image %s to request %s", mm_hash, request_id)
-            await self.client.abort_requests([request_id])
-
-    async def _send_pixels(self, request_id: str, mm_hash: str, pixels: np.ndarray | PixelHandle) -> None:
-        """`_send` for an answer to an ask for pixels."""
-        handles = [pixels.use_id] if isinstance(pixels, PixelHandle) else []
-        try:
-            await self.client.send_pixels(request_id, mm_hash, pixels)
-        except BaseException:
-            self._release_handles(handles)
-            raise
-        if self.dead:
-            self._release_handles(handles)
 
     async def shutdown(self) -> None:
         if self._reader is not None:
@@ -262,5 +210,4 @@ class AsyncLLM:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._reader
         await asyncio.to_thread(self.client.shutdown)
-        if self.inputs is not None:
-            self.inputs.media.pool.unpin_all()  # the engine is gone
+        self.media.engine_gone()

@@ -12,7 +12,6 @@ import tempfile
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
-import numpy as np
 import zmq
 import zmq.asyncio
 
@@ -20,7 +19,7 @@ from mmserve import protocol
 from mmserve.config import EngineConfig
 from mmserve.engine_process import run_engine_core_process
 from mmserve.openmp_env import model_process_environment
-from mmserve.protocol import EngineCoreOutputs, EngineRequest, PixelHandle
+from mmserve.protocol import EngineCoreOutputs, EngineRequest
 
 if TYPE_CHECKING:
     from mmserve.core.engine_core import EngineCore
@@ -39,12 +38,6 @@ class InprocCoreClient:
 
     def abort_requests(self, request_ids: Iterable[str]) -> None:
         self.engine_core.abort_requests(list(request_ids))
-
-    def supply_pixels(self, request_id: str, mm_hash: str, pixels: np.ndarray | PixelHandle) -> None:
-        """An array is copied: it lives in a shared-memory segment the caller is about to release."""
-        if not isinstance(pixels, PixelHandle):
-            pixels = np.array(pixels)
-        self.engine_core.supply_pixels(request_id, mm_hash, pixels)
 
     def has_work(self) -> bool:
         return self.engine_core.has_work()
@@ -108,15 +101,13 @@ class MPCoreClient:
         return self.process is not None and self.process.is_alive()
 
     async def add_request(self, request: EngineRequest) -> None:
+        """Send a request. Its message is queued before this first awaits (see `_send`), so a
+        caller that decided its pixel-store changes in the same event-loop turn sends them in the
+        order it decided them (frontend/pixel_store_mirror.py). Raising anything but
+        CancelledError or EngineDeadError, it was not queued."""
         frames = protocol.encode_add(request)
         self.pixel_bytes_sent += sum(memoryview(frame).nbytes for frame in frames[2:])
         await self._send(frames, copy=False)
-
-    async def send_pixels(self, request_id: str, mm_hash: str, pixels: np.ndarray | PixelHandle) -> None:
-        """An array is copied into the message (its segment is released after this returns)."""
-        frames = protocol.encode_pixels(request_id, mm_hash, pixels)
-        self.pixel_bytes_sent += sum(memoryview(frame).nbytes for frame in frames[2:])
-        await self._send(frames)
 
     async def abort_requests(self, request_ids: list[str]) -> None:
         if request_ids:
@@ -126,7 +117,9 @@ class MPCoreClient:
         """Send one message to the engine, or raise EngineDeadError once it has died: a PUSH
         socket whose only peer is gone holds the message, and its sender, until a peer connects,
         which a dead engine never does. A send that cannot go at once (rare: the queue to the
-        engine is full) checks the engine's process every 100 ms while it waits."""
+        engine is full) checks the engine's process every 100 ms while it waits. The message is
+        queued (`send_multipart`) before the first await, and stays queued, in order, if the
+        caller is cancelled while it waits."""
         sending = self._to_engine.send_multipart(frames, copy=copy)
         while not sending.done():
             await asyncio.wait({sending}, timeout=0.1)

@@ -67,8 +67,9 @@ def build_frontend(
 ) -> Frontend:
     """Read the model folder's tokenizer, build its family's multimodal processor and start the
     preprocess pool with the processor's image transform (`config.multimodal.preprocess_workers`
-    processes; 0 = in this process). Special-token text in chat messages is plain text unless
-    `special_tokens_in_content`. `chat_template` (Jinja source) replaces the folder's;
+    processes; 0 = in this process), its cache and the engine's pixel store each bounded by
+    `config.multimodal.processor_cache_bytes`. Special-token text in chat messages is plain text
+    unless `special_tokens_in_content`. `chat_template` (Jinja source) replaces the folder's;
     `config.multimodal.processor_kwargs` override the processor's settings, and so enter every
     item's hash."""
     model_dir = config.model.path
@@ -90,6 +91,7 @@ def build_frontend(
             processor,
             video_support(config, processor),
             special_tokens_in_content=special_tokens_in_content,
+            pixel_store_bytes=config.multimodal.processor_cache_bytes,
         )
         default_params = default_sampling_params(
             model_dir, open_ended=open_ended, eos_token_ids=config.model.eos_token_ids

@@ -5,11 +5,10 @@ preprocessed by the pool, the chat template renders one placeholder per image an
 and each placeholder is expanded to what the model family's processor lays out for its item
 (placeholders.py). The item's mm_hash from the pool keys every cache.
 
-An image the engine already holds (the mirror says so: engine_mirror.py) is hashed and sent by
-hash alone, never preprocessed or copied; any other image's pixels stay in the pool's shared
-memory and go to EngineCore by handle (`ProcessedPrompt.engine_request`). Every image's source
-is kept with the prompt, so the engine can be sent its pixels should it have evicted it
-meanwhile. Uploaded files (file_store.py) come in by id, with their hash computed at upload.
+An image the engine already holds (its pixel store, as the mirror lists it: media_processor.py)
+is hashed and sent by hash alone, never preprocessed or copied; any other image's pixels stay in
+the pool's shared memory until the prompt is sent (`MediaProcessor.engine_request`). Uploaded
+files (file_store.py) come in by id, with their hash computed at upload.
 """
 
 from __future__ import annotations
@@ -22,10 +21,10 @@ import numpy as np
 from PIL import Image
 
 from mmserve.frontend.chat_parsing import ImageInput, MediaInput, PromptError, parse_messages
-from mmserve.frontend.engine_mirror import ImageSource
 from mmserve.frontend.file_store import FileResolver, StoredImage
 from mmserve.frontend.media import MediaLoader
 from mmserve.frontend.media_processor import MediaProcessor, Processed
+from mmserve.frontend.pixel_store_mirror import Holds
 from mmserve.frontend.placeholders import PlaceholderMismatch, expand_placeholders
 from mmserve.frontend.prompt import ProcessedPrompt
 from mmserve.frontend.tokenizer import Tokenizer
@@ -38,7 +37,7 @@ from mmserve.frontend.video_inputs import (
     pool_input,
 )
 from mmserve.models.family import MultiModalProcessor
-from preprocess import PreprocessPool, ProcessedImage, VideoSource
+from preprocess import PreprocessPool, VideoSource
 
 
 def _as_list(value) -> list:
@@ -73,6 +72,7 @@ class InputProcessor:
         processor: MultiModalProcessor,
         videos: VideoSupport | None = None,
         special_tokens_in_content: bool = False,
+        pixel_store_bytes: int = 1 << 30,
     ) -> None:
         self.tokenizer = tokenizer
         self.pool = pool
@@ -84,7 +84,8 @@ class InputProcessor:
         self.video_limit = videos.limit if videos else 0
         # False: special-token text in messages is plain text (see special_text.py).
         self.special_tokens_in_content = special_tokens_in_content
-        self.media = MediaProcessor(pool)  # images and videos → pixels, or by hash (the mirror)
+        # images and videos → pixels, or by hash; `pixel_store_bytes` bounds the engine's store
+        self.media = MediaProcessor(pool, pixel_store_bytes)
         # The longest token's text (byte-level BPE shows one character per byte): a bound on how
         # many characters one token can cover.
         self.max_token_chars = max(1, max(len(tokenizer.id_to_token(i)) for i in range(tokenizer.vocab_size)))
@@ -241,30 +242,22 @@ class InputProcessor:
         return token_ids
 
     def _build(
-        self,
-        text: str | None,
-        token_ids: list[int],
-        processed: list[Processed],
-        sources: dict[str, ImageSource] | None = None,
+        self, text: str | None, token_ids: list[int], processed: list[Processed], holds: Holds | None
     ) -> ProcessedPrompt:
         """Expand each placeholder to its item's tokens. An image's pixels stay in shared memory,
         held by the prompt until it is sent (a video's are copied out, and its segment let go)."""
         try:
-            expanded, features = expand_placeholders(token_ids, processed, self.processor)
+            expanded, features, arrays = expand_placeholders(token_ids, processed, self.processor)
             self._check_length(len(expanded))
         except BaseException as e:
             for item in processed:
                 item.release()
+            if holds is not None:
+                holds.release()
             if isinstance(e, PlaceholderMismatch):
                 raise PromptError(str(e), "prompt") from None
             raise
-        shared: dict[str, ProcessedImage] = {}
-        for item in processed:
-            if isinstance(item, ProcessedImage) and item.video_info is None and item.mm_hash not in shared:
-                shared[item.mm_hash] = item
-            else:
-                item.release()
-        return ProcessedPrompt(text, expanded, features, sources or {}, shared)
+        return ProcessedPrompt.from_processed(text, expanded, features, arrays, processed, holds)
 
     def _encode(self, text: str, tokenize: Callable[[], list[int]] | None = None) -> list[int]:
         """Token ids of `text` (by `tokenize` if given), refusing at once a text too long to

@@ -51,4 +51,5 @@ def truncate_prompt(prompt: ProcessedPrompt, keep: int | None) -> ProcessedPromp
             raise ValueError(f"truncate_prompt_tokens={keep} would cut through an image's placeholder tokens")
         if feature.offset >= cut:
             features.append(dataclasses.replace(feature, offset=feature.offset - cut))
-    return ProcessedPrompt(None, prompt.token_ids[cut:], features, prompt.sources, prompt.shared)
+    # the same pixels and holds: releasing either prompt releases them
+    return dataclasses.replace(prompt, prompt=None, token_ids=prompt.token_ids[cut:], features=features)

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from mmserve.frontend.engine_mirror import ByHashImage
-from mmserve.models.family import MultiModalProcessor, Placement
+from mmserve.frontend.pixel_store_mirror import ByHashImage
+from mmserve.models.family import MultiModalProcessor
 from mmserve.protocol import MultiModalFeature, PixelHandle
 from preprocess import ProcessedImage
 
@@ -23,11 +23,11 @@ class PlaceholderMismatch(ValueError):
 
 def expand_placeholders(
     token_ids: list[int], processed: list[ProcessedImage | ByHashImage], processor: MultiModalProcessor
-) -> tuple[list[int], list[MultiModalFeature]]:
-    """`processed`: the prompt's images and videos (each modality in prompt order). An image's
-    feature names its pixels in shared memory (`pixel_handle`, not pinned yet: see
-    `ProcessedPrompt.engine_request`) or, sent by hash, has none; a video's pixels are copied
-    out. Releasing `processed` is the caller's."""
+) -> tuple[list[int], list[MultiModalFeature], dict[str, np.ndarray]]:
+    """`processed`: the prompt's images and videos (each modality in prompt order). Returns the
+    expanded token ids, the features (no pixels: an image's stay in the pool's shared memory or,
+    sent by hash, in the engine) and each video feature's pixels, copied out, by mm_hash.
+    Releasing `processed` is the caller's."""
     images = [p for p in processed if p.video_info is None]
     clips = [p for p in processed if p.video_info is not None]
     image_id = processor.image_placeholder_id
@@ -38,46 +38,37 @@ def expand_placeholders(
     next_image, next_clip = iter(images), iter(clips)
     expanded: list[int] = []
     features: list[MultiModalFeature] = []
+    arrays: dict[str, np.ndarray] = {}
     previous = 0
     for position, token in enumerate(token_ids):
         if token != image_id and token != video_id:
             continue
         expanded.extend(token_ids[previous:position])
         previous = position + 1
-        if token == image_id:
-            item = next(next_image)
-            expansion = processor.expand_image(item)
-        else:
-            item = next(next_clip)
-            expansion = processor.expand_video(item)
-        features += [_feature(item, placement, len(expanded)) for placement in expansion.placements]
+        is_video = token == video_id
+        item = next(next_clip) if is_video else next(next_image)
+        expansion = processor.expand_video(item) if is_video else processor.expand_image(item)
+        for placement in expansion.placements:
+            mm_hash = item.mm_hash if placement.part is None else f"{item.mm_hash}-{placement.part}"
+            features.append(
+                MultiModalFeature(
+                    mm_hash,
+                    len(expanded) + placement.offset,
+                    placement.length,
+                    placement.grid_thw,
+                    modality="video" if is_video else "image",
+                    position_step=placement.position_step,
+                )
+            )
+            if is_video:  # out of shared memory: the pool's segment is let go
+                start_row, stop_row = placement.rows or (0, len(item.pixel_values))
+                arrays[mm_hash] = np.array(item.pixel_values[start_row:stop_row])
         expanded.extend(expansion.token_ids)
     expanded.extend(token_ids[previous:])
-    return expanded, features
+    return expanded, features, arrays
 
 
-def _feature(item: ProcessedImage | ByHashImage, placement: Placement, start: int) -> MultiModalFeature:
-    """The feature of one placement of `item`, whose tokens start at `start` in the prompt."""
-    mm_hash = item.mm_hash if placement.part is None else f"{item.mm_hash}-{placement.part}"
-    feature = MultiModalFeature(
-        mm_hash,
-        start + placement.offset,
-        placement.length,
-        placement.grid_thw,
-        position_step=placement.position_step,
-    )
-    if item.video_info is not None:
-        start_row, stop_row = placement.rows or (0, len(item.pixel_values))
-        feature.pixel_values = np.array(item.pixel_values[start_row:stop_row])  # out of shared memory
-        feature.modality = "video"
-    elif isinstance(item, ByHashImage):
-        feature.by_hash = True  # the engine holds it (see engine_mirror)
-    else:
-        feature.pixel_handle = pixel_handle(item)
-    return feature
-
-
-def pixel_handle(image: ProcessedImage, use_id: int = 0) -> PixelHandle:
+def pixel_handle(image: ProcessedImage, use_id: int) -> PixelHandle:
     """Where `image`'s pixels are, for EngineCore; `use_id` names the pool's pin for one send."""
     handle = image.handle
     return PixelHandle(handle.shm_name, tuple(handle.shape), handle.dtype, image.digest, use_id)

@@ -1,20 +1,16 @@
 """A prompt ready for the engine: token ids with each item's placeholders expanded, its items'
-features, and what it holds of their pixels until it is sent."""
+features, and what it holds of their pixels until it is sent (`MediaProcessor.engine_request`
+makes its engine requests)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import numpy as np
 
-from mmserve.frontend.engine_mirror import ImageSource
-from mmserve.frontend.placeholders import pixel_handle
-from mmserve.protocol import EngineRequest, MultiModalFeature
-from mmserve.sampling_params import SamplingParams
+from mmserve.frontend.pixel_store_mirror import Holds
+from mmserve.protocol import MultiModalFeature
 from preprocess import ProcessedImage
-
-PinPixels = Callable[[ProcessedImage], int]  # PreprocessPool.pin: a use id for one send
 
 
 @dataclass
@@ -22,44 +18,38 @@ class ProcessedPrompt:
     prompt: str | None
     token_ids: list[int]
     features: list[MultiModalFeature]
-    # mm_hash → where the image's bytes are, for as long as the request runs (see engine_mirror)
-    sources: dict[str, ImageSource] = field(default_factory=dict)
-    # mm_hash → the pool's image behind the features with a pixel handle, held until the prompt
-    # has been sent (`release_shared`), so that its segment is still there to pin
+    # mm_hash → the pool's image behind each image item not sent by hash, held until the prompt
+    # is released, so that its segment is still there to pin (or copy) when it is sent
     shared: dict[str, ProcessedImage] = field(default_factory=dict)
+    # mm_hash → a video item's pixels, copied out of the pool
+    arrays: dict[str, np.ndarray] = field(default_factory=dict)
+    # the entries of the engine's pixel store that this prompt relies on (pixel_store_mirror.py)
+    holds: Holds | None = None
 
-    def engine_request(
-        self,
-        request_id: str,
-        params: SamplingParams,
-        arrival_time: float,
-        priority: int = 0,
-        pin: PinPixels | None = None,
-    ) -> EngineRequest:
-        """The message that hands this prompt to EngineCore (one per sample when n > 1). An image
-        in the pool's shared memory goes by handle, pinned by `pin` for this message alone, or,
-        without `pin`, copied into it; one whose segment the prompt no longer holds goes by hash
-        (the engine asks for its pixels should it need them)."""
-        return EngineRequest(
-            request_id=request_id,
-            prompt_token_ids=self.token_ids,
-            mm_features=[self._to_send(f, pin) for f in self.features],
-            sampling_params=params,
-            arrival_time=arrival_time,
-            priority=priority,
-        )
+    @classmethod
+    def from_processed(
+        cls,
+        text: str | None,
+        token_ids: list[int],
+        features: list[MultiModalFeature],
+        arrays: dict[str, np.ndarray],
+        processed: list,
+        holds: Holds | None,
+    ) -> ProcessedPrompt:
+        """The prompt, keeping the first of `processed`'s references to each image's segment
+        (the others, and videos' whose pixels are in `arrays`, are released)."""
+        shared: dict[str, ProcessedImage] = {}
+        for item in processed:
+            if isinstance(item, ProcessedImage) and item.video_info is None and item.mm_hash not in shared:
+                shared[item.mm_hash] = item
+            else:
+                item.release()
+        return cls(text, token_ids, features, shared, arrays, holds)
 
-    def release_shared(self) -> None:
-        """The prompt has been sent: let the pool have its segments back (pins hold their own)."""
+    def release(self) -> None:
+        """The prompt has been sent (or is dropped): let the pool have its segments back (pins
+        hold their own) and the mirror evict its entries. Idempotent."""
         for image in self.shared.values():
             image.release()
-
-    def _to_send(self, feature: MultiModalFeature, pin: PinPixels | None) -> MultiModalFeature:
-        if feature.pixel_handle is None:
-            return feature
-        image = self.shared.get(feature.mm_hash)
-        if image is None or image.released:
-            return replace(feature, pixel_handle=None, by_hash=True)
-        if pin is None:
-            return replace(feature, pixel_handle=None, pixel_values=np.array(image.pixel_values))
-        return replace(feature, pixel_handle=pixel_handle(image, pin(image)))
+        if self.holds is not None:
+            self.holds.release()

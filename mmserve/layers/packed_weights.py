@@ -43,9 +43,9 @@ class PatchProjection(PacksWeight, nn.Module):
     checkpoint's layout; x: [patches, C·T·P·P] in any float dtype → [patches, dim].
 
     x may also be [patches, C·P·P], one frame: a still image as the preprocessing pool writes it
-    (`preprocess.ProcessorSettings.frame_dim`). It is repeated over T here, after the cast to
-    the weight's dtype, which is what transformers' processor does before the model: the same
-    values meet the same weights, so the result is the same to the bit."""
+    (its transform's `frame_dim`). It is repeated over T here, after the cast to the weight's
+    dtype, which is what transformers' processor does before the model: the same values meet the
+    same weights, so the result is the same to the bit."""
 
     def __init__(self, dim: int, in_channels: int, kernel: tuple[int, int, int], bias: bool) -> None:
         super().__init__()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
 import xxhash
 
 from mmserve.core.sched_output import (
@@ -29,6 +30,7 @@ class _Req:
     req_id: str
     prompt: PromptInputs
     features: list[MultiModalFeature]
+    pixels: dict[str, np.ndarray]  # mm_hash → pixels, sent with the step that encodes the item
     params: SamplingParams
     max_new_tokens: int
     blocks: list[int] = field(default_factory=list)
@@ -63,7 +65,7 @@ class ChunkedDriver:
     ) -> list[_Req]:
         self.chunk_size = chunk_size
         params = params or SamplingParams(temperature=0.0, max_tokens=max_new_tokens, logprobs=5)
-        reqs = [_Req(f"r{i}", p, _features(p), params, max_new_tokens) for i, p in enumerate(prompts)]
+        reqs = [_Req(f"r{i}", p, *_features(p), params, max_new_tokens) for i, p in enumerate(prompts)]
         while not all(r.done for r in reqs):
             self._step([r for r in reqs if not r.done])
         self.runner.execute_model(_finish_output(reqs))
@@ -71,7 +73,7 @@ class ChunkedDriver:
 
     def _step(self, active: list[_Req]) -> None:
         new, cached = [], CachedRequestData()
-        num_scheduled, encoder_inputs = {}, {}
+        num_scheduled, encoder_inputs, encoder_pixels = {}, {}, {}
         for r in active:
             n = min(self._chunk(r), r.num_tokens - r.num_computed)
             end = r.num_computed + n
@@ -83,6 +85,7 @@ class ChunkedDriver:
             ]
             if due:
                 encoder_inputs[r.req_id] = due
+                encoder_pixels.update({r.features[i].mm_hash: r.pixels[r.features[i].mm_hash] for i in due})
                 r.encoded.update(due)
             num_scheduled[r.req_id] = n
             if not r.sent:
@@ -98,7 +101,14 @@ class ChunkedDriver:
                 cached.num_computed_tokens.append(r.num_computed)
         out = self.runner.execute_model(
             SchedulerOutput(
-                new, cached, num_scheduled, sum(num_scheduled.values()), encoder_inputs, set(), []
+                new,
+                cached,
+                num_scheduled,
+                sum(num_scheduled.values()),
+                encoder_inputs,
+                set(),
+                [],
+                encoder_pixels=encoder_pixels,
             )
         )
         for req_id, tokens in zip(out.req_ids, out.sampled_token_ids):
@@ -119,11 +129,14 @@ class ChunkedDriver:
         return fresh
 
 
-def _features(prompt: PromptInputs) -> list[MultiModalFeature]:
-    return [
-        MultiModalFeature(xxhash.xxh3_128_hexdigest(pixels.tobytes()), offset, length, grid, pixels)
-        for (offset, length), grid, pixels in zip(prompt.image_spans, prompt.grid_thw, prompt.pixel_values)
+def _features(prompt: PromptInputs) -> tuple[list[MultiModalFeature], dict[str, np.ndarray]]:
+    """The prompt's image features, and their pixels by mm_hash."""
+    hashes = [xxhash.xxh3_128_hexdigest(pixels.tobytes()) for pixels in prompt.pixel_values]
+    features = [
+        MultiModalFeature(mm_hash, offset, length, grid)
+        for mm_hash, (offset, length), grid in zip(hashes, prompt.image_spans, prompt.grid_thw)
     ]
+    return features, dict(zip(hashes, prompt.pixel_values))
 
 
 def _finish_output(reqs: list[_Req]) -> SchedulerOutput:

@@ -157,7 +157,8 @@ class ModelRunner:
 
     def _run_encoder(self, scheduler_output: SchedulerOutput) -> int:
         """Encode, in one vision-tower call, every image scheduled for encoding this step (the
-        scheduler lists each image once, and only images this cache does not hold)."""
+        scheduler lists each image once, and only images this cache does not hold), from the
+        pixels the step carries."""
         features = [
             self.batch.states[req_id].mm_features[index]
             for req_id, indices in scheduler_output.scheduled_encoder_inputs.items()
@@ -165,12 +166,15 @@ class ModelRunner:
         ]
         if not features:
             return 0
-        for f in features:
-            if f.pixel_values is None:
-                raise RuntimeError(f"image {f.mm_hash} is scheduled for encoding but has no pixels")
+        step_pixels = scheduler_output.encoder_pixels
+        missing = [f.mm_hash for f in features if f.mm_hash not in step_pixels]
+        if missing:
+            raise RuntimeError(f"images {missing} are scheduled for encoding without their pixels")
         # Each item's pixels as they are (torch wants writable memory): the model concatenates
         # them where it needs one tensor, and a single image (the usual step) is not copied.
-        pixels = [to_device(np.require(f.pixel_values, requirements="W"), self.device) for f in features]
+        pixels = [
+            to_device(np.require(step_pixels[f.mm_hash], requirements="W"), self.device) for f in features
+        ]
         embeddings = self.model.encode_images(pixels, [f.grid_thw for f in features])
         self.num_encoder_calls += 1
         for feature, emb in zip(features, embeddings, strict=True):

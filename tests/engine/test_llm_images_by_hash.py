@@ -1,7 +1,8 @@
-"""Images the engine already holds are sent by hash: answers are token for token the same as
-with pixels, the frontend neither decodes, preprocesses nor copies them (the pool's and the
-mirror's counters), and an image the engine evicts between the mirror check and scheduling is
-sent again when the engine asks, with the same answer."""
+"""Images the engine's pixel store holds are sent by hash: answers are token for token the same
+as with pixels, the frontend neither decodes, preprocesses nor copies them (the pool's and the
+mirror's counters). An image whose embeddings the engine evicted is encoded again from its
+stored pixels (nothing is asked of the frontend); one the mirror evicted from the store is sent
+with its pixels again. The mirror and the store always list the same images."""
 
 from __future__ import annotations
 
@@ -61,25 +62,50 @@ def test_a_repeated_data_url_is_sent_by_hash_with_the_same_answer(llm):
     assert pool_after.tasks_submitted == pool_before.tasks_submitted, "nothing decoded or preprocessed"
     assert mirror.images_with_pixels == copies_before, "no pixel copy"
     assert mirror.images_by_hash == by_hash_before + 1
+    assert_in_lockstep(llm)
 
 
-def test_an_image_evicted_between_the_mirror_check_and_scheduling_is_sent_again(llm):
+def assert_in_lockstep(llm) -> None:
+    assert llm._inputs.media.mirror.engine_keys() == llm.engine_core.pixel_store.keys()
+
+
+def test_embeddings_evicted_after_the_prompt_was_built_are_encoded_again_from_the_store(llm):
     url = data_url(synthetic_image(160, 120, seed=12))
     question = "Describe the colours."
     first = tokens(llm.chat(chat(url, question), GREEDY))
-    prompt = llm._inputs.chat(chat(url, question))  # the mirror check: the engine holds it
+    prompt = llm._inputs.chat(chat(url, question))  # the mirror lists it: by hash
     [feature] = prompt.features
-    assert feature.by_hash and feature.pixel_values is None
+    assert prompt.shared == {}, "no pixels in the prompt"
     cache = llm.engine_core.scheduler.encoder_cache_manager
-    cache.discard(feature.mm_hash)  # the engine drops it before the request is scheduled
+    cache.discard(feature.mm_hash)  # the engine drops the embeddings before the request is scheduled
     if llm.config.cache.enable_prefix_caching:
         llm.engine_core.scheduler.kv.reset_prefix_cache()
-    resent, runs = llm._inputs.media.mirror.pixels_resent, llm.stats().encoder_runs
+    pool, mirror = llm._frontend.pool, llm._inputs.media.mirror
+    queries, by_hash, runs = pool.stats().cache_queries, mirror.images_by_hash, llm.stats().encoder_runs
     [output] = llm._run([prompt], GREEDY)
     assert output.outputs[0].token_ids == first
-    assert llm._inputs.media.mirror.pixels_resent == resent + 1, "the engine asked for the pixels once"
+    assert mirror.images_by_hash == by_hash + 1 and pool.stats().cache_queries == queries, "nothing resent"
     assert llm.stats().encoder_runs == runs + 1
     assert llm.stats().encoder_cache_references == 0
+    assert_in_lockstep(llm)
+
+
+def test_an_image_the_mirror_evicted_from_the_store_is_sent_again_with_its_pixels(llm):
+    mirror = llm._inputs.media.mirror
+    urls = [data_url(synthetic_image(112, 84, seed=seed)) for seed in (15, 16)]
+    capacity = mirror.capacity_bytes
+    mirror.capacity_bytes = 1  # the store keeps the last request's image only
+    try:
+        first = tokens(llm.chat(chat(urls[0]), GREEDY))
+        llm.chat(chat(urls[1]), GREEDY)  # evicts the first from both
+        assert_in_lockstep(llm)
+        assert len(llm.engine_core.pixel_store) == 1
+        handles = mirror.images_by_handle
+        assert tokens(llm.chat(chat(urls[0]), GREEDY)) == first
+        assert mirror.images_by_handle == handles + 1, "its pixels went again"
+        assert_in_lockstep(llm)
+    finally:
+        mirror.capacity_bytes = capacity
 
 
 def test_a_pil_image_and_its_png_give_the_same_answer_after_the_png_is_cached(llm):

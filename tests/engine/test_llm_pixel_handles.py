@@ -1,7 +1,8 @@
 """Images go to EngineCore by shared-memory handle: greedy answers are token for token those of
 the same image with its pixels copied into the request, the frontend copies no pixels for it
 (the mirror's counters), and a segment recycled for another image or unlinked before EngineCore
-reads it costs a wait for the pixels, never a wrong answer. No pin or segment outlives a request.
+reads it fails that request with a clear error at once — never a wait, never a wrong answer —
+and the next request sends the image again. No pin or segment outlives a request.
 """
 
 from __future__ import annotations
@@ -58,10 +59,15 @@ def with_copied_pixels(llm: LLM, url: str) -> list[int]:
         answer = tokens(llm, url)
     finally:
         media.by_handle = True
+    forget(llm, url)
+    return answer
+
+
+def forget(llm: LLM, url: str) -> None:
+    """The engine's caches and the mirror drop the image (the next request brings it again)."""
     image_hash = hash_of(llm, url)
     llm.engine_core.scheduler.encoder_cache_manager.discard(image_hash)
-    media.mirror.apply({image_hash: False})
-    return answer
+    llm._inputs.media.mirror.drop([image_hash])
 
 
 def assert_nothing_left(llm: LLM) -> None:
@@ -107,39 +113,30 @@ def restore(handle, pixels: np.ndarray) -> None:
     view[...] = pixels
 
 
-@pytest.mark.parametrize(
-    ("race", "restored_after_the_read", "seed"),
-    [(recycle, True, 41), (unlink, True, 42), (unlink, False, 43)],
-    ids=["recycled", "unlinked", "unlinked-until-answered"],
-)
-def test_a_segment_lost_before_the_engine_reads_it_costs_a_wait_not_a_wrong_answer(
-    llm, race, restored_after_the_read, seed, monkeypatch
+@pytest.mark.parametrize(("race", "seed"), [(recycle, 41), (unlink, 42)], ids=["recycled", "unlinked"])
+def test_a_segment_lost_before_the_engine_reads_it_fails_the_request_not_a_wrong_answer(
+    llm, race, seed, monkeypatch
 ):
-    """Until answered: the answer's handle names the lost segment too, so the engine asks again,
-    and the second answer is the array."""
     url = data_url(synthetic_image(176, 132, seed=seed))
     expected = with_copied_pixels(llm, url)
     send = llm._client.add_request
     lost = []
 
     def send_after_the_race(request: EngineRequest) -> None:
-        [feature] = request.mm_features
-        handle = feature.pixel_handle
-        assert handle is not None and handle.use_id > 0, "sent by a pinned handle"
+        [handle] = request.mm_handles.values()
+        assert handle.use_id > 0, "sent by a pinned handle"
         lost.append((handle, race(handle)))
         send(request)  # EngineCore reads the handle here, in this process
-        if restored_after_the_read:
-            restore(*lost.pop())
+        restore(*lost.pop())
 
     monkeypatch.setattr(llm._client, "add_request", send_after_the_race)
+    runs = llm.stats().encoder_runs
+    [output] = llm.chat(chat(url), GREEDY)
+    monkeypatch.undo()
+    assert output.finished and output.error is not None and "could not be read" in output.error
+    assert llm.stats().encoder_runs == runs, "nothing encoded from the lost segment"
     mirror = llm._inputs.media.mirror
-    resent, copied, runs = mirror.pixels_resent, mirror.pixels_resent_copied, llm.stats().encoder_runs
-    try:
-        assert tokens(llm, url) == expected
-    finally:
-        for handle, pixels in lost:
-            restore(handle, pixels)
-    asks = 1 if restored_after_the_read else 2
-    assert (mirror.pixels_resent, mirror.pixels_resent_copied) == (resent + asks, copied + asks - 1)
-    assert llm.stats().encoder_runs == runs + 1
+    assert hash_of(llm, url) not in mirror, "the mirror heard of it"
+    assert tokens(llm, url) == expected, "the next request sends it again"
+    assert mirror.engine_keys() == llm.engine_core.pixel_store.keys()
     assert_nothing_left(llm)

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import numpy as np
 from core_helpers import Image, assert_pool_consistent, build_prompt
 from fake_runner import FakeRunner, Sampler, content_sampler, expected_output
 
@@ -243,10 +244,12 @@ def text(n: int, start: int = 2) -> list[int]:
 
 
 def engine_request(request_id, prompt, features, params) -> EngineRequest:
+    """The request with its items' pixels (zeros of their grids' shapes)."""
     return EngineRequest(
         request_id=request_id,
         prompt_token_ids=prompt,
         mm_features=features,
         sampling_params=params,
         arrival_time=0.0,
+        mm_arrays={f.mm_hash: np.zeros((int(np.prod(f.grid_thw)), 4), np.float32) for f in features},
     )

@@ -48,13 +48,17 @@ def make_engine(max_num_batched_tokens: int = 64) -> EngineCore:
     return EngineCore(scheduler, FlakyExecutor(scheduler))
 
 
-def request(request_id: str, features=(), num_tokens: int = 10, max_tokens: int = 3) -> EngineRequest:
+def request(
+    request_id: str, features=(), num_tokens: int = 10, max_tokens: int = 3, pixels: np.ndarray | None = None
+) -> EngineRequest:
+    """`pixels`: what every feature brings (the request's items are stored with them)."""
     return EngineRequest(
         request_id=request_id,
         prompt_token_ids=list(range(1, num_tokens + 1)),
         mm_features=list(features),
         sampling_params=SamplingParams(temperature=0, max_tokens=max_tokens),
         arrival_time=time.monotonic(),
+        mm_arrays={f.mm_hash: pixels for f in features} if pixels is not None else {},
     )
 
 
@@ -114,12 +118,12 @@ def test_blocks_filled_by_a_failed_step_are_never_prefix_hits():
 def test_images_encoded_in_a_failed_step_leave_the_encoder_cache():
     engine = make_engine()
     pixels = np.zeros((16, 12), dtype=np.float32)
-    engine.add_request(request("poison-image", [MultiModalFeature("img", 2, 4, (1, 4, 4), pixels)]))
+    engine.add_request(request("poison-image", [MultiModalFeature("img", 2, 4, (1, 4, 4))], pixels=pixels))
     run(engine)
     cache = engine.scheduler.encoder_cache_manager
     assert not cache.is_cached("img")
     assert cache.num_free_slots == cache.cache_size
-    engine.add_request(request("same-image", [MultiModalFeature("img", 2, 4, (1, 4, 4), pixels)]))
+    engine.add_request(request("same-image", [MultiModalFeature("img", 2, 4, (1, 4, 4))]))  # by hash
     results = run(engine)
     assert results["same-image"][1] == "length"
     assert engine.scheduler.num_encoder_runs == 2  # encoded again, not served from a stale entry
@@ -129,14 +133,16 @@ def test_inconsistent_image_metadata_is_rejected_at_admission():
     engine = make_engine()
     good_pixels = np.zeros((16, 12), dtype=np.float32)
     bad = {
-        "span_past_the_prompt": MultiModalFeature("a", 8, 4, (1, 4, 4), good_pixels),
-        "grid_not_matching_tokens": MultiModalFeature("b", 2, 3, (1, 4, 4), good_pixels),
-        "pixels_not_matching_grid": MultiModalFeature("c", 2, 4, (1, 4, 4), np.zeros((10, 12), np.float32)),
+        "span_past_the_prompt": (MultiModalFeature("a", 8, 4, (1, 4, 4)), good_pixels),
+        "grid_not_matching_tokens": (MultiModalFeature("b", 2, 3, (1, 4, 4)), good_pixels),
+        "pixels_not_matching_grid": (MultiModalFeature("c", 2, 4, (1, 4, 4)), np.zeros((10, 12), np.float32)),
     }
-    for name, feature in bad.items():
-        engine.add_request(request(name, [feature]))
-    engine.add_request(request("fine", [MultiModalFeature("d", 2, 4, (1, 4, 4), good_pixels)]))
+    for name, (feature, pixels) in bad.items():
+        engine.add_request(request(name, [feature], pixels=pixels))
+    engine.add_request(request("fine", [MultiModalFeature("d", 2, 4, (1, 4, 4))], pixels=good_pixels))
     results = run(engine)
     for name in bad:
         assert results[name][1] == "error", name
     assert results["fine"][1] == "length"
+    # a rejected request's pixels are stored all the same: the frontend's mirror lists them
+    assert engine.pixel_store.keys() == {"a", "b", "c", "d"}

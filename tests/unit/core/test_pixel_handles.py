@@ -1,7 +1,8 @@
-"""Pixels by shared-memory handle, EngineCore's side: a handle is read into a copy of the engine's
-own on receipt and reported released in the next outputs, whatever becomes of its request; a
-segment that is gone, too short or holds other pixels is never encoded from — the request waits
-for its pixels, and an answer by handle that cannot be read either is asked for again."""
+"""Pixels by shared-memory handle, EngineCore's side: a handle is read once, into the store's own
+copy, on receipt, and reported released in the next outputs whatever becomes of its request; a
+segment that is gone, too short or holds other pixels is never encoded from — the item is
+stored as unreadable and reported, and every request needing it fails at once with a clear
+error (none waits) until the frontend evicts it."""
 
 from __future__ import annotations
 
@@ -10,13 +11,12 @@ from collections.abc import Callable, Iterator
 
 import numpy as np
 import pytest
-from msgspec.structs import replace
-from test_pixel_waits import GRID, make_engine, request, run
+from test_pixel_store import GRID, image, make_engine, run
 
 from mmserve import protocol
-from mmserve.core import pixel_handles
+from mmserve.core import pixel_store
 from mmserve.core.pixel_handles import read_pixels
-from mmserve.protocol import EngineRequest, MultiModalFeature, PixelHandle
+from mmserve.protocol import EngineRequest, PixelHandle
 from mmserve.sampling_params import SamplingParams
 from preprocess import shm
 from preprocess.hashing import pixels_digest
@@ -54,8 +54,23 @@ def overwrite(handle: PixelHandle, values: np.ndarray) -> None:
     view[...] = values
 
 
-def by_handle(handle: PixelHandle) -> MultiModalFeature:
-    return MultiModalFeature("a", 2, 4, GRID, pixel_handle=handle)
+def by_handle(request_id: str, handle: PixelHandle, mm_hash: str = "a", evict=()) -> EngineRequest:
+    """A request for one image, its pixels by `handle` (GRID: 16 patches, 4 tokens)."""
+    return EngineRequest(
+        request_id=request_id,
+        prompt_token_ids=list(range(1, 11)),
+        mm_features=[image(mm_hash)],
+        sampling_params=SamplingParams(temperature=0, max_tokens=2),
+        arrival_time=0.0,
+        mm_evict=list(evict),
+        mm_handles={mm_hash: handle},
+    )
+
+
+def by_hash(request_id: str, mm_hash: str = "a") -> EngineRequest:
+    request = by_handle(request_id, PixelHandle("x", (1,), "float32", 0, 0), mm_hash)
+    request.mm_handles = {}
+    return request
 
 
 def test_a_handle_is_read_into_a_copy_of_the_engines_own(make_segment: MakeSegment):
@@ -76,83 +91,78 @@ def test_a_segment_gone_short_or_holding_other_pixels_reads_as_no_pixels(make_se
     assert read_pixels(gone) is None
     assert read_pixels(recycled) is None
     assert read_pixels(too_long) is None
+    assert read_pixels(PixelHandle(short.shm_name, (16, 12), "no-such-dtype", short.digest, 1)) is None
 
 
 def test_a_request_by_handle_is_encoded_from_its_pixels_and_the_handle_released(make_segment: MakeSegment):
     engine = make_engine()
-    engine.add_request(request("r", by_handle(make_segment(pixels(), use_id=7))))
-    feature = engine.scheduler.requests["r"].mm_features[0]
-    assert feature.pixel_handle is None and not feature.by_hash
-    np.testing.assert_array_equal(feature.pixel_values, pixels())
+    engine.add_request(by_handle("r", make_segment(pixels(), use_id=7)))
+    np.testing.assert_array_equal(engine.scheduler.requests["r"].mm_pixels["a"], pixels())
     steps = run(engine)
     assert steps[0].released_pixel_handles == [7]
-    assert all(not s.released_pixel_handles and not s.pixels_needed for s in steps[1:])
-    assert engine.executor.encoded == ["a"]
+    assert all(not s.released_pixel_handles for s in steps[1:]) and not any(
+        s.unreadable_pixels for s in steps
+    )
+    assert engine.executor.encoded == ["a"] and engine.executor.encoded_values == [0.0]
     assert steps[-1].outputs[-1].finish_reason == "length"
+    engine.add_request(by_hash("again"))  # the store keeps the pixels
+    assert run(engine)[-1].outputs[-1].finish_reason == "length"
 
 
-def test_an_unreadable_handle_makes_its_request_wait_then_asks_again(make_segment: MakeSegment):
+def test_an_unreadable_handle_fails_its_requests_at_once_until_the_frontend_evicts_it(
+    make_segment: MakeSegment,
+):
     engine = make_engine()
     recycled = make_segment(pixels(), use_id=1)
     overwrite(recycled, pixels(5.0))
-    engine.add_request(request("r", by_handle(recycled)))
-    first = engine.step()
-    assert first.released_pixel_handles == [1] and first.pixels_needed == [("r", "a")]
-    assert engine.executor.encoded == [] and engine.scheduler.requests["r"].num_computed_tokens == 2
-    gone = make_segment(pixels(), use_id=2)
-    shm.unlink(gone.shm_name)
-    engine.supply_pixels("r", "a", gone)  # the answer's segment is gone too
-    second = engine.step()
-    assert second.released_pixel_handles == [2] and second.pixels_needed == [("r", "a")]
-    engine.supply_pixels("r", "a", make_segment(pixels(), use_id=3))
+    engine.add_request(by_handle("r", recycled))
+    engine.add_request(by_hash("before-the-report"))  # the frontend's mirror still lists it
+    [step] = run(engine)
+    assert step.released_pixel_handles == [1] and step.unreadable_pixels == ["a"]
+    errors = {o.request_id: o.error for o in step.outputs}
+    assert errors.keys() == {"r", "before-the-report"}
+    assert all("could not be read" in error for error in errors.values())
+    assert engine.executor.encoded == [], "never encoded from other pixels"
+    assert "a" in engine.pixel_store, "kept (as unreadable) until the frontend evicts it"
+    engine.add_request(by_handle("sent-again", make_segment(pixels(), use_id=2), evict=["a"]))
     steps = run(engine)
-    assert steps[0].released_pixel_handles == [3]
-    assert engine.executor.encoded == ["a"]
     assert steps[-1].outputs[-1].finish_reason == "length"
+    assert engine.executor.encoded == ["a"]
 
 
 def test_an_image_twice_in_a_request_is_read_once(make_segment: MakeSegment, monkeypatch):
     reads = []
-    monkeypatch.setattr(pixel_handles, "read_pixels", lambda handle: reads.append(handle) or pixels())
-    handle = make_segment(pixels(), use_id=1)
-    features = [by_handle(handle), MultiModalFeature("a", 6, 4, GRID, pixel_handle=replace(handle, use_id=2))]
-    assert pixel_handles.resolve_handles(features) == [1, 2]
-    assert len(reads) == 1 and all(f.pixel_values is not None and f.pixel_handle is None for f in features)
-
-
-def test_a_handle_for_a_finished_request_is_released_unread(make_segment: MakeSegment):
+    monkeypatch.setattr(pixel_store, "read_pixels", lambda handle: reads.append(handle) or pixels())
     engine = make_engine()
-    handle = make_segment(pixels(), use_id=4)
-    shm.unlink(handle.shm_name)  # not even looked at
-    engine.supply_pixels("gone", "a", handle)
-    assert engine.has_work(), "the release must be reported"
-    assert engine.step().released_pixel_handles == [4]
-    assert not engine.has_work()
+    request = by_handle("r", make_segment(pixels(), use_id=1))
+    request.mm_features = [image("a"), image("a", offset=6)]
+    engine.add_request(request)
+    assert len(reads) == 1
+    assert run(engine)[0].released_pixel_handles == [1]
 
 
 def test_an_aborted_request_still_reports_its_handles(make_segment: MakeSegment):
     engine = make_engine()
-    engine.add_request(request("r", by_handle(make_segment(pixels(), use_id=5))))
+    engine.add_request(by_handle("r", make_segment(pixels(), use_id=5)))
     engine.abort_requests(["r"])
     [step] = run(engine)
     assert step.released_pixel_handles == [5] and step.outputs[0].finish_reason == "abort"
 
 
+def test_a_rejected_request_still_reports_its_handles_and_stores_its_pixels(make_segment: MakeSegment):
+    engine = make_engine()
+    request = by_handle("r", make_segment(pixels(), use_id=6))
+    request.prompt_token_ids = list(range(1, 300))  # past max_model_len
+    engine.add_request(request)
+    [step] = run(engine)
+    assert step.released_pixel_handles == [6] and step.outputs[0].finish_reason == "error"
+    assert engine.pixel_store.keys() == {"a"}
+
+
 def test_messages_carry_handles_without_frames():
     handle = PixelHandle("mmserve_pp_x", (16, 12), "float32", 2**64 - 1, 9)
-    engine_request = EngineRequest(
-        request_id="r",
-        prompt_token_ids=list(range(10)),
-        mm_features=[by_handle(handle)],
-        sampling_params=SamplingParams(),
-        arrival_time=0.0,
-    )
-    frames = protocol.encode_add(engine_request)
+    frames = protocol.encode_add(by_handle("r", handle))
     assert len(frames) == 2
-    [feature] = protocol.decode_add([bytes(memoryview(f)) for f in frames]).mm_features
-    assert feature.pixel_handle == handle and feature.pixel_values is None
-    frames = protocol.encode_pixels("r", "a", handle)
-    assert len(frames) == 2
-    assert protocol.decode_pixels([bytes(memoryview(f)) for f in frames]) == ("r", "a", handle)
-    outputs = protocol.EngineCoreOutputs(released_pixel_handles=[9, 3])
-    assert protocol.decode_outputs(protocol.encode_outputs(outputs)).released_pixel_handles == [9, 3]
+    received = protocol.decode_add([bytes(memoryview(f)) for f in frames])
+    assert received.mm_handles == {"a": handle} and received.mm_arrays == {}
+    assert received.mm_features[0].grid_thw == GRID

@@ -14,6 +14,8 @@ import zmq
 
 from mmserve.engine_args import EngineArgs
 from mmserve.frontend.core_client import EngineDeadError, MPCoreClient
+from mmserve.protocol import ADD, EngineRequest
+from mmserve.sampling_params import SamplingParams
 from mmserve.testing.checkpoints import checkpoint
 from mmserve.testing.run_apart import run_apart
 
@@ -53,3 +55,34 @@ def test_a_send_after_the_engine_died_fails_instead_of_waiting(client):
 
     with pytest.raises(EngineDeadError, match="exit code 0"):  # not wait_for's TimeoutError
         run_apart(asyncio.wait_for(client.abort_requests(["r1"]), 5))
+
+
+def test_a_request_is_queued_before_the_send_first_awaits(client):
+    """The frontend decides a request's pixel-store changes just before sending it: its message
+    must take its place in the queue to the engine in that same event-loop turn, even when the
+    queue is full and the send has to wait."""
+    queued = []
+
+    class FullSocket:
+        def send_multipart(self, frames, copy=True):
+            queued.append(frames)
+            return asyncio.get_running_loop().create_future()  # no room yet
+
+    async def first_turn() -> None:
+        client._to_engine, real = FullSocket(), client._to_engine
+        request = EngineRequest(
+            request_id="r",
+            prompt_token_ids=[1],
+            mm_features=[],
+            sampling_params=SamplingParams(),
+            arrival_time=0,
+        )
+        sending = client.add_request(request)
+        try:
+            sending.send(None)  # runs up to its first suspension
+            assert len(queued) == 1 and queued[0][0] == ADD
+        finally:
+            sending.close()
+            client._to_engine = real
+
+    run_apart(first_turn())

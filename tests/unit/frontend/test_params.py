@@ -44,10 +44,11 @@ def test_a_spec_that_makes_no_grammar_is_refused(tokenizer):
 
 
 def test_truncation_keeps_the_last_tokens_and_moves_images_or_refuses_to_cut_one():
-    image = MultiModalFeature("h", offset=6, length=2, grid_thw=(1, 2, 4), pixel_values=np.zeros((8, 3)))
-    prompt = ProcessedPrompt("text", list(range(10)), [image])
+    image = MultiModalFeature("h", offset=6, length=2, grid_thw=(1, 2, 4))
+    prompt = ProcessedPrompt("text", list(range(10)), [image], arrays={"h": np.zeros((8, 3))})
     kept = truncate_prompt(prompt, 5)
     assert kept.token_ids == [5, 6, 7, 8, 9] and kept.features[0].offset == 1
+    assert kept.arrays is prompt.arrays, "the same pixels"
     assert truncate_prompt(prompt, 20) is prompt and truncate_prompt(prompt, None) is prompt
     assert truncate_prompt(prompt, 2).features == []
     with pytest.raises(ValueError, match="cut through an image"):

@@ -56,20 +56,33 @@ def test_video_features_cover_every_video_token(frontend):
         assert feature.grid_thw[0] == 2 and feature.position_step == pytest.approx(2 * 2 / 24)
 
 
+def test_video_features_and_their_pixels_go_to_the_engine_once(frontend):
+    prompt = frontend.inputs.prompt({"prompt": VIDEO_PROMPT, "multi_modal_data": {"video": FRAMES}})
+    assert prompt.arrays.keys() == {f.mm_hash for f in prompt.features}
+    media = frontend.inputs.media
+    first = media.engine_request(prompt, "r1", SamplingParams(), 0.0)
+    again = media.engine_request(prompt, "r2", SamplingParams(), 0.0)  # n > 1, or a repeat
+    prompt.release()
+    assert first.mm_arrays.keys() == prompt.arrays.keys() and not first.mm_handles  # copied, not by handle
+    assert again.mm_arrays == {} and again.mm_handles == {}  # by hash: the engine stores them
+    received = decode_add([bytes(f) for f in encode_add(first)])
+    for mm_hash, pixels in prompt.arrays.items():
+        np.testing.assert_array_equal(received.mm_arrays[mm_hash], pixels)
+
+
 def test_video_fields_cross_the_wire():
-    feature = MultiModalFeature(
-        "h", 3, 4, (2, 4, 4), np.ones((32, 8), np.float32), modality="video", position_step=0.5
-    )
+    feature = MultiModalFeature("h", 3, 4, (2, 4, 4), modality="video", position_step=0.5)
     request = EngineRequest(
         request_id="r",
         prompt_token_ids=[1] * 8,
         mm_features=[feature],
         sampling_params=SamplingParams(),
         arrival_time=0,
+        mm_arrays={"h": np.ones((32, 8), np.float32)},
     )
-    [received] = decode_add([bytes(f) for f in encode_add(request)]).mm_features
-    assert (received.modality, received.position_step) == ("video", 0.5)
-    np.testing.assert_array_equal(received.pixel_values, feature.pixel_values)
+    received = decode_add([bytes(f) for f in encode_add(request)])
+    assert received.mm_features == [feature]
+    np.testing.assert_array_equal(received.mm_arrays["h"], np.ones((32, 8), np.float32))
 
 
 def test_the_encoder_budget_fits_the_largest_video():
