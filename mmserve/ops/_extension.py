@@ -63,13 +63,17 @@ def cpu_info(field: str) -> str:
 
 
 def cpu_flags() -> str:
-    """The CPU's feature flags as /proc/cpuinfo lists them."""
-    return cpu_info("flags")
+    """The CPU's feature flags as /proc/cpuinfo lists them, less those MMSERVE_CPU_FLAGS_OFF
+    names (another CPU's paths on this one: envs.cpu_flags_off)."""
+    flags = cpu_info("flags")
+    off = envs.cpu_flags_off()
+    return " ".join(flag for flag in flags.split() if flag not in off) if off else flags
 
 
 def cpu_vendor() -> str:
-    """The CPU's vendor id as /proc/cpuinfo gives it: GenuineIntel, AuthenticAMD, ..."""
-    return cpu_info("vendor_id")
+    """The CPU's vendor id as /proc/cpuinfo gives it (GenuineIntel, AuthenticAMD, ...), or
+    MMSERVE_CPU_VENDOR's."""
+    return envs.cpu_vendor() or cpu_info("vendor_id")
 
 
 def build_target() -> BuildTarget:

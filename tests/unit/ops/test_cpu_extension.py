@@ -58,6 +58,28 @@ def test_target_matches_torchs_dispatch_capability():
         assert {"-mavx2", "-mfma"} <= set(target.cflags)
 
 
+def test_another_cpus_flags_and_vendor_for_the_build_and_the_path_choices(monkeypatch):
+    """MMSERVE_CPU_FLAGS_OFF and MMSERVE_CPU_VENDOR make an AMX Xeon look like a Zen 4 to the
+    build (no AMX in it) and to every choice that reads cpu_flags / cpu_vendor."""
+    cpuinfo = {
+        "flags": "fpu avx2 avx512f avx512_bf16 amx_bf16 amx_tile avx512_fp16",
+        "vendor_id": "GenuineIntel",
+    }
+    monkeypatch.setattr(_extension, "cpu_info", lambda field: cpuinfo[field])
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX512")
+    monkeypatch.delenv("MMSERVE_CPU_FLAGS_OFF", raising=False)  # as this process may run emulated
+    monkeypatch.delenv("MMSERVE_CPU_VENDOR", raising=False)
+    assert {"-DMMSERVE_BF16_DOT", "-DMMSERVE_AMX"} <= set(_extension.build_target().cflags)
+    assert _extension.cpu_vendor() == "GenuineIntel"
+    monkeypatch.setenv("MMSERVE_CPU_FLAGS_OFF", "amx_bf16,amx_tile avx512_fp16")
+    monkeypatch.setenv("MMSERVE_CPU_VENDOR", "AuthenticAMD")
+    assert _extension.cpu_flags() == "fpu avx2 avx512f avx512_bf16"
+    assert _extension.cpu_vendor() == "AuthenticAMD"
+    target = _extension.build_target()
+    assert "-DMMSERVE_BF16_DOT" in target.cflags and "-DMMSERVE_AMX" not in target.cflags
+    assert target.cpu_flags == "fpu avx2 avx512f avx512_bf16"  # and so its own cache key
+
+
 def test_a_failed_build_raises_with_the_compiler_output_and_disables_the_kernels(sources):
     (sources / "broken.cpp").write_text("int broken( {\n")
     with pytest.raises(_extension.KernelBuildError, match=r"broken\.cpp") as error:

@@ -33,6 +33,7 @@ def random_bounds(rng: np.random.Generator, max_length: int) -> list[int]:
     return [0, *np.cumsum(lengths).tolist()]
 
 
+@pytest.mark.usefixtures("amx_tiles")
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize(("num_heads", "head_dim"), [(1, 32), (4, 64), (16, 80), (2, 128), (3, 44)])
 def test_random_segments_match_reference(num_heads, head_dim, dtype):
@@ -66,6 +67,7 @@ def test_segments_past_the_rows_are_rejected():
         cpu.varlen_attention(q, q, q, [0, 5, 11], 1.0)
 
 
+@pytest.mark.usefixtures("amx_tiles")
 @pytest.mark.parametrize(("num_heads", "head_dim"), [(1, 2), (4, 16), (2, 72), (1, 256), (2, 3)])
 def test_bfloat16_segments_across_key_blocks_match_reference(num_heads, head_dim):
     """Segments at and around the 64-key blocks of the vdpbf16ps path (AVX512-BF16 builds; the
@@ -79,6 +81,7 @@ def test_bfloat16_segments_across_key_blocks_match_reference(num_heads, head_dim
     assert_within_bfloat16_resolution(got, q, k, v, bounds, head_dim**-0.5)
 
 
+@pytest.mark.usefixtures("amx_tiles")
 @pytest.mark.parametrize("sharpness", [4.0, 30.0])
 def test_bfloat16_sharp_attention_matches_reference(sharpness):
     """Scores spread over hundreds: most probabilities underflow to 0 (the dot path's 2^x flushes
@@ -93,6 +96,7 @@ def test_bfloat16_sharp_attention_matches_reference(sharpness):
     assert_within_bfloat16_resolution(got, q, k, v, bounds, 64**-0.5)
 
 
+@pytest.mark.usefixtures("amx_tiles")
 @pytest.mark.parametrize(("num_heads", "head_dim"), [(2, 16), (3, 64), (1, 80), (2, 96), (1, 128)])
 def test_bfloat16_segments_across_row_and_key_blocks_match_reference(num_heads, head_dim):
     """Segment lengths at and around the AMX path's blocks (AMX builds; the vdpbf16ps path on
