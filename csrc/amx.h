@@ -6,6 +6,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstdint>
 
 namespace mmserve {
@@ -24,6 +25,13 @@ inline bool permitted() {
   }();
   return granted;
 }
+
+// Whether the kernels run on the tiles: permitted, and not turned off by `set_amx_tiles(false)`
+// (linear.cpp). Off, an AMX build runs the vdpbf16ps kernels of AVX512-BF16 CPUs without AMX
+// (Zen 4), so tests reach those here without a second build.
+inline std::atomic<bool> g_tiles_on{true};
+
+inline bool tiles_on() { return g_tiles_on.load(std::memory_order_relaxed) && permitted(); }
 
 // The 64-byte operand of ldtilecfg: palette 1, then bytes per row and rows of each tile.
 struct alignas(64) TileConfig {

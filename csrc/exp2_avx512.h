@@ -20,22 +20,32 @@ inline __m512 polynomial(__m512 f, const float (&coefficients)[N]) {
   return p;
 }
 
-// 2^x for x ≤ 0, and 0 below 2^−126 (so −inf and NaN give 0): 2^n · 2^f with n = round(x) and
-// f = x − n in [−½, ½], 2^f by a polynomial of degree 4 fitted for relative error (under 2.6e-6,
-// where bfloat16's rounding of the probabilities is 2^−9), 2^n applied by vscalefps. 9
-// instructions where ATen's exp_u20 and the subtraction and scaling before it take 21.
+// 2^f on [0, 1) by degree 5 (relative error under 1.6e-7 in float32 arithmetic): rounded to
+// bfloat16, all but ~1e-5 of its results round as the exact 2^f does (as ATen's exp's do),
+// where a degree-4 fit (2.7e-6) rounds a few in 10^4 otherwise.
+constexpr float kExp2Degree5[] = {1.8778159207033958e-3f, 8.98876244522978e-3f, 5.582680134179193e-2f,
+                                  0.24015345443050998f,   0.6931530919151266f,  0.9999999247316569f};
+
+// 2^x for x ≤ 0, and 0 below 2^−126 (so −inf and NaN give 0, and no result is denormal): 2^⌊x⌋ ·
+// 2^f with f = x − ⌊x⌋ by vreduceps, 2^f by kExp2Degree5, 2^⌊x⌋ applied by vscalefps. 9
+// instructions (as the degree-4 fit it replaced) where ATen's exp_u20 and the subtraction and
+// scaling before it take 21. Degree 5 because varlen_attention_dot.cpp rounds these
+// probabilities to bfloat16 for P · V: with degree 4, 6e-4 of them rounded otherwise than the
+// exact ones (tests/unit/ops/test_cpu_varlen_attention.py), enough to move a bfloat16 model's
+// logits by rounding steps against transformers'. Its fifth FMA replaced a subtraction (vreduceps
+// yields f): the kernel's time is unchanged within noise.
 inline __m512 exp2_nonpositive(__m512 x) {
-  const __m512 n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  constexpr float kCoefficients[] = {9.570081718266010e-3f, 5.591785907745361e-2f, 0.2402474582195282f,
-                                     0.6931217908859253f, 0.9999992847442627f};
-  const __m512 p = polynomial(_mm512_sub_ps(x, n), kCoefficients);
+  const __m512 p = polynomial(_mm512_reduce_ps(x, _MM_FROUND_TO_NEG_INF), kExp2Degree5);
   const __mmask16 representable = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-126.f), _CMP_GE_OQ);
-  return _mm512_maskz_scalef_ps(representable, p, n);
+  return _mm512_maskz_scalef_ps(representable, p, x);
 }
 
 // For finite x ≤ 0 in the lanes of `lanes`, 0 in the others; degree 4 (relative error under
 // 2.7e-6, where bfloat16's rounding of a softmax's probabilities is 2^−9). Below 2^−126 the
 // result is flushed to 0 only under MXCSR's flush-to-zero, which the caller sets: 7 instructions.
+// Kept for the AMX varlen kernel, whose bfloat16 probabilities so round otherwise than the exact
+// ones' for a few in 10^4: kExp2Degree5 here, one FMA more, took it 6-8 % longer on a 2-core
+// Emerald Rapids.
 inline __m512 exp2_flushed(__m512 x, __mmask16 lanes) {
   constexpr float kCoefficients[] = {1.3534147292375565e-2f, 5.201150104403496e-2f, 0.2414427399635315f,
                                      0.6930038332939148f, 1.0000026226043701f};
@@ -46,10 +56,7 @@ inline __m512 exp2_flushed(__m512 x, __mmask16 lanes) {
 // For finite x in [−150, 127]; degree 5 (relative error under 1.6e-7 in float32 arithmetic,
 // about that of a correctly rounded float32 result's neighbours), 2^x below 2^−149 is 0.
 inline __m512 exp2_accurate(__m512 x) {
-  constexpr float kCoefficients[] = {1.8778159207033958e-3f, 8.98876244522978e-3f, 5.582680134179193e-2f,
-                                     0.24015345443050998f,   0.6931530919151266f,  0.9999999247316569f};
-  const __m512 p = polynomial(_mm512_reduce_ps(x, _MM_FROUND_TO_NEG_INF), kCoefficients);
-  return _mm512_scalef_ps(p, x);
+  return _mm512_scalef_ps(polynomial(_mm512_reduce_ps(x, _MM_FROUND_TO_NEG_INF), kExp2Degree5), x);
 }
 
 // σ(s) = 1 / (1 + 2^t), t = −s · log2 e clamped to [−150, 126] (beyond, σ is 1 or under 2^−126,

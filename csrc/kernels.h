@@ -121,8 +121,11 @@ void pack_weight(const PackWeightArgs& args);
 bool bf16_dot_products();
 // Whether bfloat16 linears of at least 2 rows over K-pair panels (linear_amx.h) and bfloat16
 // varlen attention (varlen_attention_amx.cpp) run on AMX tiles: an AMX build (MMSERVE_AMX) in a
-// process the kernel granted the tile registers.
+// process the kernel granted the tile registers, unless set_amx_tiles(false) turned them off.
 bool amx_tiles();
+// Turns the AMX kernels off (false) or back on where permitted, for the whole process; returns
+// amx_tiles() as it was. Without AMX, nothing to turn on: returns false.
+bool set_amx_tiles(bool on);
 void packed_linear(const PackedLinearArgs& args);
 
 }  // namespace mmserve

@@ -512,7 +512,7 @@ constexpr int64_t kAmxChunkRows = 512;
 constexpr int64_t kMinAmxRows = 2;
 
 bool on_amx_tiles(const PackedLinearArgs& args) {
-  return args.num_rows >= kMinAmxRows && args.in_features % amx::kTileDepth == 0 && amx::permitted();
+  return args.num_rows >= kMinAmxRows && args.in_features % amx::kTileDepth == 0 && amx::tiles_on();
 }
 
 // store_tile for the rows [first, last) of one AMX block (acc holds them from row `first`), 16
@@ -620,10 +620,20 @@ bool bf16_dot_products() {
 
 bool amx_tiles() {
 #ifdef MMSERVE_LINEAR_AMX
-  return amx::permitted();
+  return amx::tiles_on();
 #else
   return false;
 #endif
+}
+
+bool set_amx_tiles(bool on) {
+  const bool before = amx_tiles();
+#ifdef MMSERVE_LINEAR_AMX
+  amx::g_tiles_on.store(on, std::memory_order_relaxed);
+#else
+  (void)on;
+#endif
+  return before;
 }
 
 void pack_weight(const PackWeightArgs& args) {

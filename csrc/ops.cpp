@@ -355,6 +355,7 @@ TORCH_LIBRARY(mmserve_cpu, m) {
   // The shortest prompt chunk paged_attention hands to torch's flash kernel (prompt_attention.h).
   m.def("bf16_dot_products() -> bool", []() -> bool { return mmserve::bf16_dot_products(); });
   m.def("amx_tiles() -> bool", []() -> bool { return mmserve::amx_tiles(); });
+  m.def("set_amx_tiles(bool on) -> bool", [](bool on) -> bool { return mmserve::set_amx_tiles(on); });
   m.def("prompt_attention_min_queries() -> int",
         []() -> int64_t { return mmserve::kPromptAttentionMinQueries; });
 }

@@ -284,7 +284,7 @@ void attend_rows(const VarlenAttentionArgs& args, const attention::Sequence& seg
 }  // namespace
 
 bool varlen_attention_amx(const VarlenAttentionArgs& args) {
-  if (!takes(args) || !amx::permitted()) return false;
+  if (!takes(args) || !amx::tiles_on()) return false;
   attend_tasks(args, amx::kTileDepth / 2, kTaskRows, attend_rows);
   return true;
 }

@@ -62,6 +62,21 @@ def cpu_widen_bf16() -> str:
     return value
 
 
+def cpu_flags_off() -> frozenset[str]:
+    """MMSERVE_CPU_FLAGS_OFF: /proc/cpuinfo flags (space or comma separated) that the CPU kernels'
+    build and every CPU path choice treat as absent (mmserve.host_cpu.flags), so one
+    machine can take another's paths: `amx_bf16 amx_tile amx_int8 avx512_fp16` with
+    MMSERVE_CPU_VENDOR=AuthenticAMD (and oneDNN capped by ONEDNN_MAX_CPU_ISA=AVX512_CORE_BF16) is
+    Zen 4 on an AMX Xeon. For tests and benchmarks; empty by default."""
+    return frozenset(os.environ.get("MMSERVE_CPU_FLAGS_OFF", "").replace(",", " ").split())
+
+
+def cpu_vendor() -> str | None:
+    """MMSERVE_CPU_VENDOR: the vendor id (GenuineIntel, AuthenticAMD) the CPU path choices assume
+    instead of /proc/cpuinfo's (mmserve.host_cpu.vendor); see MMSERVE_CPU_FLAGS_OFF."""
+    return os.environ.get("MMSERVE_CPU_VENDOR") or None
+
+
 def api_key() -> str | None:
     """MMSERVE_API_KEY: the server's API key when --api-key is not given (keeps it out of `ps`)."""
     return os.environ.get("MMSERVE_API_KEY") or None

@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from mmserve import host_cpu
+
 DTYPES = ("float32", "bfloat16", "float16")
 """The dtypes a model runs in, by torch's names (`getattr(torch, name)` is the torch dtype)."""
 _DTYPE_ALIASES = {
@@ -46,13 +48,7 @@ def cpu_computes_natively(dtype: str) -> bool:
     CPU the faster one for image-heavy serving (BENCHMARKS.md, "§5 again")."""
     if dtype not in _FAST_CPU_FLAGS:
         return True
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return False
-    lines = [line for line in text.splitlines() if line.startswith("flags")]
-    flags = set(lines[0].split(":", 1)[1].split()) if lines else set()
-    return bool(_FAST_CPU_FLAGS[dtype] & flags)
+    return bool(_FAST_CPU_FLAGS[dtype] & set(host_cpu.flags().split()))
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import torch
 
-from mmserve import envs
+from mmserve import envs, host_cpu
 
 logger = logging.getLogger("mmserve.ops")
 
@@ -52,26 +52,6 @@ class BuildTarget:
     cpu_flags: str  # the "flags" line of /proc/cpuinfo, part of the cache key
 
 
-def cpu_info(field: str) -> str:
-    """The first value of one /proc/cpuinfo field ('' where there is no such file or field)."""
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            name, _, value = line.partition(":")
-            if name.strip() == field:
-                return value.strip()
-    return ""
-
-
-def cpu_flags() -> str:
-    """The CPU's feature flags as /proc/cpuinfo lists them."""
-    return cpu_info("flags")
-
-
-def cpu_vendor() -> str:
-    """The CPU's vendor id as /proc/cpuinfo gives it: GenuineIntel, AuthenticAMD, ..."""
-    return cpu_info("vendor_id")
-
-
 def build_target() -> BuildTarget:
     """The vector ISA to compile for: torch's own dispatch choice, DEFAULT when it is none we know."""
     capability = torch.backends.cpu.get_cpu_capability()
@@ -80,7 +60,7 @@ def build_target() -> BuildTarget:
     macros = [f"-DCPU_CAPABILITY={capability}"]
     if capability != "DEFAULT":
         macros.append(f"-DCPU_CAPABILITY_{capability}")
-    flags = cpu_flags()
+    flags = host_cpu.flags()
     if capability == "AVX512" and "avx512_bf16" in flags.split():
         macros += ["-DMMSERVE_BF16_DOT", "-mavx512bf16"]  # vdpbf16ps: linear.cpp, varlen_attention_dot.cpp
         if "amx_bf16" in flags.split():

@@ -31,6 +31,7 @@ __all__ = [
     "prompt_attention_min_queries",
     "quick_gelu",
     "rms_norm",
+    "set_amx_tiles",
     "set_min_parallel_work",
     "silu_and_mul",
     "varlen_attention",
@@ -149,6 +150,15 @@ def amx_tiles() -> bool:
     (csrc/varlen_attention_amx.cpp): an AMX-BF16 build in a process Linux granted the tile
     registers. The same packed weight serves decode on vdpbf16ps."""
     return ops().amx_tiles.default()
+
+
+def set_amx_tiles(on: bool) -> bool:
+    """Turns the AMX kernels off (False) or back on where `amx_tiles` was true, for the whole
+    process; returns `amx_tiles()` as it was. Off, an AMX build runs the vdpbf16ps kernels of
+    AVX512-BF16 CPUs without AMX (Zen 4), bit for bit those of their own build: the kernel tests
+    check both paths in one build. Not a numeric op; the choices made once in mmserve.ops.linear
+    and mmserve.ops.kernels do not follow it."""
+    return ops().set_amx_tiles.default(on)
 
 
 def pack_weight(weight: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:

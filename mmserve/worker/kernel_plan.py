@@ -30,7 +30,7 @@ from itertools import pairwise
 import torch
 from torch import nn
 
-from mmserve import envs
+from mmserve import envs, host_cpu
 from mmserve.config import ExecutionConfig, ModelConfig
 from mmserve.layers.attention import (
     Attention,
@@ -177,9 +177,8 @@ def bf16_dot_products_lead() -> bool:
     them (AVX512-BF16) and the CPU has no AMX (with AMX, oneDNN's matmuls are several times
     faster than vdpbf16ps, and csrc's panels and vision attention use the tiles instead)."""
     from mmserve.ops import cpu
-    from mmserve.ops._extension import cpu_flags
 
-    return cpu.bf16_dot_products() and "amx_bf16" not in cpu_flags().split()
+    return cpu.bf16_dot_products() and "amx_bf16" not in host_cpu.flags().split()
 
 
 @cache
@@ -199,10 +198,8 @@ def float32_outruns_bfloat16() -> bool:
     cycle (not on AMD's Zen 4, whose AVX512-BF16 is twice its float32 rate). Memory-bound work (a
     decode step) reads half the bytes in bfloat16 everywhere. MMSERVE_CPU_WIDEN_BF16=never turns
     it off."""
-    from mmserve.ops._extension import cpu_flags, cpu_vendor
-
-    flags = cpu_flags().split()
-    slow_dot = cpu_vendor() == "GenuineIntel" and "avx512_bf16" in flags and "amx_bf16" not in flags
+    flags = host_cpu.flags().split()
+    slow_dot = host_cpu.vendor() == "GenuineIntel" and "avx512_bf16" in flags and "amx_bf16" not in flags
     return envs.cpu_widen_bf16() == "auto" and slow_dot
 
 

@@ -21,6 +21,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 LEAVES = {
     "mmserve.config",
+    "mmserve.host_cpu",  # the CPU's flags and vendor as every path choice sees them
     "mmserve.device_probe",  # whether the engine will run on CUDA, asked without torch
     "mmserve.model_config",
     "mmserve.model_folder",

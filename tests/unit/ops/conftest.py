@@ -19,3 +19,21 @@ def parallel_threshold(request):
         yield request.param
     finally:
         cpu.set_min_parallel_work(before)
+
+
+@pytest.fixture(params=["AMX tiles as built", "AMX tiles off"])
+def amx_tiles(request):
+    """bfloat16 kernel tests run twice in an AMX build: on the tiles, and with them off
+    (`cpu.set_amx_tiles`) on the vdpbf16ps kernels that AVX512-BF16 CPUs without AMX run (Zen 4;
+    bit for bit those of their own build), so one machine and one build check both. Elsewhere
+    the second run would repeat the first: skipped."""
+    if request.param == "AMX tiles as built":
+        yield request.param
+        return
+    if not cpu.is_available() or not cpu.amx_tiles():
+        pytest.skip("no AMX tiles in this build to turn off")
+    cpu.set_amx_tiles(False)
+    try:
+        yield request.param
+    finally:
+        cpu.set_amx_tiles(True)

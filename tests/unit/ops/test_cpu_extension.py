@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from mmserve import host_cpu
 from mmserve.ops import _extension
 
 STAND_IN = 'extern "C" int mmserve_stand_in() { return 1; }\n'
@@ -56,6 +57,28 @@ def test_target_matches_torchs_dispatch_capability():
     assert f"-DCPU_CAPABILITY={target.capability}" in target.cflags
     if target.capability == "AVX2":
         assert {"-mavx2", "-mfma"} <= set(target.cflags)
+
+
+def test_another_cpus_flags_and_vendor_for_the_build_and_the_path_choices(monkeypatch):
+    """MMSERVE_CPU_FLAGS_OFF and MMSERVE_CPU_VENDOR make an AMX Xeon look like a Zen 4 to the
+    build (no AMX in it) and to every choice that reads host_cpu.flags / vendor."""
+    cpuinfo = {
+        "flags": "fpu avx2 avx512f avx512_bf16 amx_bf16 amx_tile avx512_fp16",
+        "vendor_id": "GenuineIntel",
+    }
+    monkeypatch.setattr(host_cpu, "info", lambda field: cpuinfo[field])
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX512")
+    monkeypatch.delenv("MMSERVE_CPU_FLAGS_OFF", raising=False)  # as this process may run emulated
+    monkeypatch.delenv("MMSERVE_CPU_VENDOR", raising=False)
+    assert {"-DMMSERVE_BF16_DOT", "-DMMSERVE_AMX"} <= set(_extension.build_target().cflags)
+    assert host_cpu.vendor() == "GenuineIntel"
+    monkeypatch.setenv("MMSERVE_CPU_FLAGS_OFF", "amx_bf16,amx_tile avx512_fp16")
+    monkeypatch.setenv("MMSERVE_CPU_VENDOR", "AuthenticAMD")
+    assert host_cpu.flags() == "fpu avx2 avx512f avx512_bf16"
+    assert host_cpu.vendor() == "AuthenticAMD"
+    target = _extension.build_target()
+    assert "-DMMSERVE_BF16_DOT" in target.cflags and "-DMMSERVE_AMX" not in target.cflags
+    assert target.cpu_flags == "fpu avx2 avx512f avx512_bf16"  # and so its own cache key
 
 
 def test_a_failed_build_raises_with_the_compiler_output_and_disables_the_kernels(sources):

@@ -8,6 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from mmserve import host_cpu
 from mmserve.ops import cpu, linear, reference
 from mmserve.worker import kernel_plan
 
@@ -28,6 +29,7 @@ def bf16_tolerance(in_features: int) -> dict[str, float]:
     return {"rtol": 2**-7, "atol": 1e-5 * in_features}
 
 
+@pytest.mark.usefixtures("amx_tiles")
 @pytest.mark.parametrize("rows", ROWS)
 @pytest.mark.parametrize(("out_features", "in_features"), [(1, 1), (16, 7), (17, 64), (40, 129)])
 @pytest.mark.parametrize("with_bias", [False, True])
@@ -55,6 +57,7 @@ def test_float32_panels_match_reference_in_float32(rows, out_features, in_featur
     torch.testing.assert_close(got, reference.linear(x, weight, bias), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.usefixtures("amx_tiles")
 @pytest.mark.parametrize("seed", range(12))
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_panels_match_reference_on_random_shapes(seed, dtype):
@@ -92,6 +95,7 @@ def test_packed_linear_with_float32_rows_rounds_only_the_weight(rows):
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-4)
 
 
+@pytest.mark.usefixtures("amx_tiles")
 @pytest.mark.parametrize("seed", range(10))
 @pytest.mark.parametrize(
     ("x_dtype", "packed_dtype"),
@@ -120,10 +124,12 @@ def test_gated_linear_is_the_linear_then_silu_and_mul_bit_for_bit(seed, x_dtype,
 
 
 # Row counts around AMX's 16-row tiles and 32-row blocks (and a 48-row chunk's end), at K a
-# multiple of 32: the tiles' path where the CPU has AMX (cpu.amx_tiles), vdpbf16ps elsewhere.
+# multiple of 32: the tiles' path where the CPU has AMX (cpu.amx_tiles), vdpbf16ps elsewhere and
+# with the tiles turned off (the amx_tiles fixture).
 AMX_ROWS = [16, 17, 31, 32, 33, 47, 48, 49, 81, 130]
 
 
+@pytest.mark.usefixtures("amx_tiles")
 @pytest.mark.parametrize("rows", AMX_ROWS)
 @pytest.mark.parametrize(("out_features", "in_features"), [(16, 32), (40, 96), (200, 768)])
 @pytest.mark.parametrize("with_bias", [False, True])
@@ -136,6 +142,7 @@ def test_bfloat16_panels_at_tile_row_counts_match_reference(rows, out_features, 
     torch.testing.assert_close(got, reference.linear(x, weight, bias), **bf16_tolerance(in_features))
 
 
+@pytest.mark.usefixtures("amx_tiles")
 @pytest.mark.parametrize("rows", AMX_ROWS)
 def test_gated_linear_at_tile_row_counts_is_the_linear_then_silu_and_mul(rows):
     x = strided_rows(rows, 96, torch.bfloat16, seed=rows)
@@ -150,9 +157,35 @@ def test_gated_linear_at_tile_row_counts_is_the_linear_then_silu_and_mul(rows):
 def test_amx_tiles_wherever_the_cpu_and_build_have_them():
     """An AVX512-BF16 build on a CPU with AMX-BF16 runs its bfloat16 prefill linears on AMX: the
     build adds the tile instructions and the process gets the tile registers from Linux."""
-    from mmserve.ops._extension import cpu_flags
 
-    assert cpu.amx_tiles() is (cpu.bf16_dot_products() and "amx_bf16" in cpu_flags().split())
+    assert cpu.amx_tiles() is (cpu.bf16_dot_products() and "amx_bf16" in host_cpu.flags().split())
+
+
+def test_amx_tiles_turn_off_and_back_on():
+    """`set_amx_tiles(False)` sends an AMX build's bfloat16 linears of 2 rows or more and its
+    bfloat16 varlen attention to the vdpbf16ps kernels (they round otherwise, so the outputs tell
+    which ran); True brings the tiles back, and it returns what was. Without AMX it changes
+    nothing."""
+    x = strided_rows(64, 96, torch.bfloat16, seed=1)
+    packed = cpu.pack_weight(torch.randn(48, 96, generator=torch.Generator().manual_seed(2)).bfloat16())
+    q, k, v = torch.randn(300, 3, 2, 64, generator=torch.Generator().manual_seed(3)).bfloat16().unbind(1)
+
+    def outputs() -> tuple[torch.Tensor, torch.Tensor]:
+        return cpu.packed_linear(x, packed, None, 48), cpu.varlen_attention(q, k, v, [0, 300], 0.125)
+
+    had_tiles = cpu.amx_tiles()
+    before = outputs()
+    assert cpu.set_amx_tiles(False) is had_tiles
+    try:
+        assert cpu.amx_tiles() is False
+        off = outputs()
+    finally:
+        assert cpu.set_amx_tiles(True) is False
+    assert cpu.amx_tiles() is had_tiles
+    after = outputs()
+    for was, now, out in zip(before, after, off):
+        assert torch.equal(was, now)
+        assert torch.equal(was, out) is (not had_tiles)
 
 
 def test_gated_linear_keeps_leading_dimensions_and_refuses_a_width_off_the_panels():
@@ -221,12 +254,22 @@ def test_cpu_linear_method_chooses_by_dtype_and_row_counts():
     ],
 )
 def test_float32_tower_only_where_bf16_dot_products_are_slow(monkeypatch, vendor, flags, widens):
-    from mmserve.ops import _extension
 
     monkeypatch.setenv("MMSERVE_CPU_WIDEN_BF16", "auto")
-    monkeypatch.setattr(_extension, "cpu_vendor", lambda: vendor)
-    monkeypatch.setattr(_extension, "cpu_flags", lambda: flags)
+    monkeypatch.setattr(host_cpu, "vendor", lambda: vendor)
+    monkeypatch.setattr(host_cpu, "flags", lambda: flags)
     assert kernel_plan.float32_outruns_bfloat16.__wrapped__() is widens
+
+
+@pytest.mark.parametrize(
+    ("flags", "leads"), [("avx512f avx512_bf16", True), ("avx512f avx512_bf16 amx_bf16", False)]
+)
+def test_bf16_dot_products_lead_only_without_amx(monkeypatch, flags, leads):
+    """Zen 4 (no AMX): the language model's bf16 linears on K-pair panels and bf16 vision
+    attention on csrc's vdpbf16ps kernel, where the build has it."""
+
+    monkeypatch.setattr(host_cpu, "flags", lambda: flags)
+    assert kernel_plan.bf16_dot_products_lead.__wrapped__() is (leads and cpu.bf16_dot_products())
 
 
 def test_widening_bf16_can_be_turned_off(monkeypatch):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 import torch
@@ -33,6 +35,7 @@ def random_bounds(rng: np.random.Generator, max_length: int) -> list[int]:
     return [0, *np.cumsum(lengths).tolist()]
 
 
+@pytest.mark.usefixtures("amx_tiles")
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize(("num_heads", "head_dim"), [(1, 32), (4, 64), (16, 80), (2, 128), (3, 44)])
 def test_random_segments_match_reference(num_heads, head_dim, dtype):
@@ -66,6 +69,7 @@ def test_segments_past_the_rows_are_rejected():
         cpu.varlen_attention(q, q, q, [0, 5, 11], 1.0)
 
 
+@pytest.mark.usefixtures("amx_tiles")
 @pytest.mark.parametrize(("num_heads", "head_dim"), [(1, 2), (4, 16), (2, 72), (1, 256), (2, 3)])
 def test_bfloat16_segments_across_key_blocks_match_reference(num_heads, head_dim):
     """Segments at and around the 64-key blocks of the vdpbf16ps path (AVX512-BF16 builds; the
@@ -79,6 +83,7 @@ def test_bfloat16_segments_across_key_blocks_match_reference(num_heads, head_dim
     assert_within_bfloat16_resolution(got, q, k, v, bounds, head_dim**-0.5)
 
 
+@pytest.mark.usefixtures("amx_tiles")
 @pytest.mark.parametrize("sharpness", [4.0, 30.0])
 def test_bfloat16_sharp_attention_matches_reference(sharpness):
     """Scores spread over hundreds: most probabilities underflow to 0 (the dot path's 2^x flushes
@@ -93,6 +98,40 @@ def test_bfloat16_sharp_attention_matches_reference(sharpness):
     assert_within_bfloat16_resolution(got, q, k, v, bounds, 64**-0.5)
 
 
+def test_bfloat16_probabilities_round_as_exact_ones_on_vdpbf16ps():
+    """The vdpbf16ps kernel (AVX512-BF16 without AMX: Zen 4; tiles off in an AMX build) rounds
+    each probability to bfloat16 for P · V from a 2^x near enough the exact one that at most 1e-4
+    of them round otherwise (torch's exp: ~1e-5). A degree-4 2^x (relative error 2.7e-6) rounds
+    6e-4 of these otherwise, which moved a Zen 4's bfloat16 qwen3_vl logits 3 rounding steps from
+    transformers'. (The AMX kernel's degree-4 2^x is not held to this: a fifth degree costs it
+    6-8 %.)
+
+    Built so that each output is one rounded probability: key 0 scores 0 for every query and the
+    others x = -50 + a·c exactly (a, c bfloat16 in [1, 2); scale · log2 e is 1 in float32), so
+    the max never moves and the float32 normaliser is exactly 1 (the rest sum under 2^-38); the
+    value of key j is the unit vector j."""
+    if not cpu.bf16_dot_products():
+        pytest.skip("no vdpbf16ps kernel in this build")
+    heads, dim = 2, 256  # dim queries, keys and value columns
+    generator = torch.Generator().manual_seed(0)
+    a, c = ((1 + torch.rand(dim, heads, generator=generator)).bfloat16().float() for _ in range(2))
+    q, k, v = (torch.zeros(dim, heads, dim) for _ in range(3))
+    q[:, :, 0], q[:, :, 1] = 1, a
+    k[1:, :, 0], k[1:, :, 1] = -50, c[1:]
+    v[1:] = torch.eye(dim)[1:, None, :]
+    scale = float(torch.tensor(math.log(2), dtype=torch.float32))
+    tiles = cpu.set_amx_tiles(False)
+    try:
+        got = cpu.varlen_attention(q.bfloat16(), k.bfloat16(), v.bfloat16(), [0, dim], scale)
+    finally:
+        cpu.set_amx_tiles(tiles)
+    x = a.double()[:, None, :] * c.double()[None, :, :] - 50  # [query, key, head]
+    want = torch.exp2(x[:, 1:]).bfloat16()
+    differs = (got.transpose(1, 2)[:, 1:] != want).double().mean().item()
+    assert differs <= 1e-4, f"{differs:.2e} of the probabilities rounded otherwise"
+
+
+@pytest.mark.usefixtures("amx_tiles")
 @pytest.mark.parametrize(("num_heads", "head_dim"), [(2, 16), (3, 64), (1, 80), (2, 96), (1, 128)])
 def test_bfloat16_segments_across_row_and_key_blocks_match_reference(num_heads, head_dim):
     """Segment lengths at and around the AMX path's blocks (AMX builds; the vdpbf16ps path on
