@@ -95,6 +95,14 @@ def vision_patch_positions(grid_thw: Sequence[tuple[int, int, int]], spatial_mer
     return torch.cat(out)
 
 
+class VisionRotary(UsesKernels, nn.Module):
+    """Applies the 2-D RoPE angles `VisionRotaryEmbedding.cos_sin` gives to queries or keys."""
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """x: [N, H, D], cos/sin: [N, D / 2] → rotated x (same shape and dtype)."""
+        return self.kernels.vision_rotary(x, cos, sin)
+
+
 class VisionRotaryEmbedding(nn.Module):
     """2-D RoPE of the vision tower: half the channels follow the row, half the column."""
 

@@ -15,10 +15,10 @@ from torch import nn
 
 from mmserve.distributed.parallel_state import TensorParallelGroup
 from mmserve.layers.activation import Activation
-from mmserve.layers.kernel_user import UsesKernels
+from mmserve.layers.attention.encoder import EncoderAttention
 from mmserve.layers.linear import ColumnParallelLinear, QKVParallelLinear, RowParallelLinear
 from mmserve.layers.packed_weights import PatchProjection
-from mmserve.layers.rotary import VisionRotaryEmbedding, vision_patch_positions
+from mmserve.layers.rotary import VisionRotary, VisionRotaryEmbedding, vision_patch_positions
 from mmserve.models.qwen2_vl.config import VisionConfig
 
 Grid = tuple[int, int, int]
@@ -36,7 +36,7 @@ class PatchEmbed(nn.Module):
         return self.proj(pixel_values)  # [patches, dim]
 
 
-class VisionAttention(UsesKernels, nn.Module):
+class VisionAttention(nn.Module):
     """The checkpoint's qkv is one fused tensor ([q; k; v], each all heads); a rank holds its
     heads' rows of each part."""
 
@@ -45,6 +45,8 @@ class VisionAttention(UsesKernels, nn.Module):
         self.head_dim = dim // num_heads
         self.qkv = QKVParallelLinear(dim, self.head_dim, num_heads, num_heads, bias=True, group=group)
         self.num_heads = self.qkv.num_heads  # this rank's
+        self.rotary = VisionRotary()
+        self.attn = EncoderAttention(scale=self.head_dim**-0.5)
         self.proj = RowParallelLinear(dim, dim, bias=True, group=group)
 
     def forward(
@@ -52,8 +54,8 @@ class VisionAttention(UsesKernels, nn.Module):
     ) -> torch.Tensor:
         n = x.shape[0]
         q, k, v = self.qkv(x).view(n, 3, self.num_heads, self.head_dim).unbind(1)  # each [N, H, D]
-        q, k = self.kernels.vision_rotary(q, cos, sin), self.kernels.vision_rotary(k, cos, sin)
-        out = self.kernels.varlen_attention(q, k, v, cu_seqlens, self.head_dim**-0.5)
+        q, k = self.rotary(q, cos, sin), self.rotary(k, cos, sin)
+        out = self.attn(q, k, v, cu_seqlens)  # [N, H, D]
         return self.proj(out.reshape(n, -1))
 
 
